@@ -1,0 +1,47 @@
+# Two commands: `make demo` (set up + generate text) and `make test` (set up + whole test suite).
+# Everything lives in .venv/ at the repository root; nothing outside it is installed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip -q --disable-pip-version-check
+UPSTREAM := .upstream
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test setup build upstream clean bench
+
+demo: setup
+	$(PY) -m rwkv.demo
+
+test: setup upstream
+	$(PY) -m pytest -q tests
+
+# Dependencies: pinned torch (a CPU build from local disk; any other spec downloads gigabytes).
+$(VENV)/.deps: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja
+	touch $@
+
+# Editable install of the package itself (registers the source tree; the extension is built below).
+$(VENV)/.editable: $(VENV)/.deps setup.py pyproject.toml
+	RWKV_BUILD_EXT=0 $(PIP) install --no-build-isolation --no-deps -e .
+	touch $@
+
+# Compile rwkv._C ahead of time, in place, incrementally (ninja keeps build/ between runs).
+build: $(VENV)/.editable
+	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)|Warning|warn" || true
+	@$(PY) -c "import rwkv.ops as o; print('rwkv ops backend:', o.backend_report().splitlines()[0])"
+
+setup: build
+
+# The upstream package, isolated in its own folder, used only by the compatibility tests and the
+# benchmarks (always run in a subprocess so it never meets our own `rwkv`).
+upstream: $(UPSTREAM)/rwkv/model.py
+$(UPSTREAM)/rwkv/model.py: | $(VENV)/.deps
+	$(PIP) install --no-deps --target $(UPSTREAM) rwkv==0.8.32
+
+bench: setup upstream
+	$(PY) benchmarks/bench_model.py
+
+clean:
+	rm -rf build $(UPSTREAM) rwkv/*.so rwkv/_build_info.py
