@@ -29,7 +29,7 @@ $(VENV)/.editable: $(VENV)/.deps setup.py pyproject.toml
 
 # Compile rwkv._C ahead of time, in place, incrementally (ninja keeps build/ between runs).
 build: $(VENV)/.editable
-	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)|Warning|warn" || true
+	flock /tmp/rwkv-build.lock $(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)|Warning|warn" || true
 	@$(PY) -c "import rwkv.ops as o; print('rwkv ops backend:', o.backend_report().splitlines()[0])"
 
 setup: build
