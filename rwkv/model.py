@@ -1,0 +1,240 @@
+"""``rwkv.model.RWKV``: the upstream-compatible model class for every RWKV version (4, 5.x, 6, 7).
+
+Data flow: checkpoint file -> ``loading`` (safe read, version detection, validation) ->
+``strategy`` (which layer goes where, in which dtype) -> ``convert`` (upstream's load-time
+transforms, int8 quantization) -> device placement -> ``models.Runtime`` (the forward pass).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+import torch
+
+from . import ops
+from ._compat_env import read_env, resolve_kernels, resolve_rescale
+from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
+                      slot_of)
+from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
+from .models.base import Runtime, StateError, TokenError
+from .strategy import StrategyError, parse_strategy, plan_layers
+
+__all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError"]
+
+
+def _load(model, strategy, rescale_layer, kernels):
+    env = read_env()
+    strat = parse_strategy(strategy)
+    path = resolve_path(model)
+    sd = read_checkpoint(path)
+    info = inspect_checkpoint(sd, path)
+    plan = plan_layers(strat, info.n_layer)
+    rescale = resolve_rescale(env, strat.normalized, info.version, rescale_layer)
+    mode = resolve_kernels(env, kernels)
+    return env, strat, path, sd, info, plan, rescale, mode
+
+
+def _convert(sd, info, plan, rescale, strategy_string, path):
+    if info.converted:
+        return check_converted(sd, strategy_string, rescale, path)
+    if info.version == 7:
+        return convert_v7(sd, info, plan)
+    return convert_classic(sd, info, plan, rescale)
+
+
+def _place(w: dict, plan, n_layer: int) -> None:
+    """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
+    CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
+    (pinned when CUDA is available) and are copied to the device for each call."""
+    pin = torch.cuda.is_available()
+    for key in list(w):
+        t = w[key]
+        if key.startswith("emb."):
+            w[key] = t.contiguous()
+            continue
+        dd = plan[slot_of(key, n_layer)]
+        if dd.device == "cpu":
+            continue
+        if dd.stream and key.endswith(STREAM_NAMES):
+            w[key] = t.contiguous().pin_memory() if pin else t.contiguous()
+        else:
+            w[key] = t.to(device=dd.device)
+
+
+def convert_checkpoint(model, strategy: str, out: str, *, rescale_layer: int | None = None) -> str:
+    """Write a pre-converted file for ``strategy`` (upstream's ``convert_and_save_and_exit`` format,
+    loadable by upstream for v4/v5.x, and by us for every version including v6 and v7), without
+    exiting the process. Returns the path written (``.pth`` appended when missing)."""
+    env, strat, path, sd, info, plan, rescale, _ = _load(model, strategy, rescale_layer, "reference")
+    if info.converted:
+        raise CheckpointError(f"convert_checkpoint: {path!r} is already converted")
+    w = _convert(sd, info, plan, rescale, strat.normalized, path)
+    out = os.fspath(out).strip()
+    if not out.endswith(".pth"):
+        out += ".pth"
+    torch.save(converted_payload(w, strat.normalized, rescale), out)
+    return out
+
+
+class RWKV(torch.nn.Module):
+    """Drop-in for upstream's ``RWKV(model, strategy, verbose=True, convert_and_save_and_exit=None)``.
+
+    Loads v4, v5.0/5.1/5.2, v6 and v7 checkpoints in one process (no RWKV_V7_ON needed), with any
+    strategy for any version (int8 and multi-device v7 included). ``forward(tokens, state,
+    full_output=False)`` returns ``(logits, state)`` with upstream's state layout and fp32 logits.
+
+    Keyword-only extras: ``kernels="auto"|"compiled"|"reference"`` (env ``RWKV_KERNELS``) forces the
+    op implementation; ``rescale_layer`` overrides ``RWKV_RESCALE_LAYER``.
+    """
+
+    def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
+                 kernels: str | None = None, rescale_layer: int | None = None):
+        super().__init__()
+        env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
+        if convert_and_save_and_exit is not None and info.converted:
+            raise CheckpointError(f"RWKV: {path!r} is already converted; convert the original checkpoint")
+        if verbose:
+            print(f"RWKV_JIT_ON {int(env.jit_on)} RWKV_CUDA_ON {int(env.cuda_on)} RESCALE_LAYER {rescale}\n")
+            print(f"Loading {path} ...")
+            if info.converted:
+                print(f"Converted model: strategy {sd.get('_strategy')}, version {sd.get('_version')}\n")
+            print(f"Model detected: {info.version_label}")
+        w = _convert(sd, info, plan, rescale, strat.normalized, path)
+        del sd
+        if convert_and_save_and_exit:
+            out = os.fspath(convert_and_save_and_exit).strip()
+            out = out if out.endswith(".pth") else out + ".pth"
+            torch.save(converted_payload(w, strat.normalized, rescale), out)
+            if verbose:
+                print(f"Saved converted model to {out}")
+            sys.exit(0)  # upstream's behaviour; use rwkv.model.convert_checkpoint to keep running
+        _place(w, plan, info.n_layer)
+        self.w = w
+        self.info = info
+        self.version = {4: 4, 5: 5, 5.1: 5.1, 5.2: 5.2, 6: 6, 7: 7}[info.version]
+        self.RESCALE_LAYER = rescale
+        self.kernels = mode
+        self.strategy = [types.SimpleNamespace(device=dd.device, atype=dd.atype, wtype=dd.wtype,
+                                               stream=dd.stream) for dd in plan]
+        self.args = types.SimpleNamespace(
+            MODEL_NAME=path, strategy_string=strat.normalized, n_embd=info.n_embd, n_att=info.n_att,
+            n_ffn=info.n_ffn, n_layer=info.n_layer, vocab_size=info.vocab_size,
+            time_state=info.has_time_state)
+        if info.n_head is not None:
+            self.args.n_head, self.args.head_size = info.n_head, info.head_size
+        # Upstream v7 names, for code written against RWKV_x070.
+        self.n_embd, self.n_layer, self.n_head, self.head_size = (info.n_embd, info.n_layer, info.n_head,
+                                                                  info.head_size)
+        self._rt = Runtime(info, w, plan, rescale, mode)
+        if verbose:
+            self._print_plan(plan)
+
+    # ------------------------------------------------------------------------------ public API
+    def forward(self, tokens, state, full_output=False):
+        """Run ``tokens`` (a list/array/1-D tensor of ids, or one int) from ``state`` (None or a state
+        list from this model). Returns ``(logits, state)``.
+
+        Classic versions (4/5/6) update the caller's list in place and return it, like upstream;
+        v7 returns a new list and leaves the caller's list alone, like upstream's v7 class. In both
+        cases the caller's tensors are never written, so a shallow copy of a state is a snapshot.
+        """
+        with torch.no_grad():
+            ids = self._token_ids(tokens)
+            if state is None:
+                state_in = self._rt.zero_state()
+            else:
+                self._rt.validate_state(state)
+                state_in = state
+            logits, new_state = self._rt.forward(ids, state_in, bool(full_output))
+            if state is None or self.version == 7 or not isinstance(state, list):
+                return logits, new_state
+            state[:] = new_state
+            return logits, state
+
+    def generate_zero_state(self) -> list:
+        """A fresh initial state (including a state-tuned initial state, if one is loaded)."""
+        return self._rt.zero_state()
+
+    def load_state_tuning(self, source) -> None:
+        """Use a state-tuning file (``blocks.{i}.att.time_state`` tensors of shape (H, N, N), as
+        produced by RWKV-LM state tuning for v5/v6/v7) as the initial state of every forward with
+        ``state=None``. ``source`` is a path (.pth or .safetensors) or a dict of tensors."""
+        if self.version == 4:
+            raise ValueError("load_state_tuning: RWKV-4 has no matrix state to tune")
+        sd = read_checkpoint(resolve_path(source)) if not isinstance(source, dict) else source
+        H, N, L = self.info.n_head, self.info.head_size, self.info.n_layer
+        states = []
+        for i in range(L):
+            key = f"blocks.{i}.att.time_state"
+            if key not in sd:
+                raise CheckpointError(f"load_state_tuning: {key!r} is missing (expected one per layer, "
+                                      f"{L} layers)")
+            t = sd[key]
+            if not isinstance(t, torch.Tensor) or t.numel() != H * N * N:
+                raise CheckpointError(f"load_state_tuning: {key} has shape {list(getattr(t, 'shape', []))}, "
+                                      f"expected [{H}, {N}, {N}] for this model")
+            t = t.reshape(H, N, N).float()
+            if self.version < 7:
+                t = t.transpose(1, 2)  # stored [head, value, key]; v5/v6 states are [head, key, value]
+            states.append(t.to(self._rt.devices[i]).contiguous())
+        self._rt.initial_matrix_state = states
+
+    # ------------------------------------------------------------------------------- internals
+    def _token_ids(self, tokens) -> torch.Tensor:
+        V = self.info.vocab_size
+        if isinstance(tokens, (bool, np.bool_)):
+            raise TokenError(f"RWKV.forward: tokens must be token ids, got {tokens!r}")
+        if isinstance(tokens, (int, np.integer)):
+            tokens = [int(tokens)]
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
+                raise TokenError(f"RWKV.forward: tokens must be an integer tensor, got {tokens.dtype}")
+            ids = tokens.detach().reshape(-1).to(device="cpu", dtype=torch.long)
+            if tokens.dim() > 1:
+                raise TokenError(f"RWKV.forward: tokens must be 1-D, got shape {list(tokens.shape)}")
+        elif isinstance(tokens, np.ndarray):
+            if tokens.dtype.kind not in "iu" or tokens.ndim != 1:
+                raise TokenError(f"RWKV.forward: a numpy tokens array must be 1-D of integers, got "
+                                 f"{tokens.dtype} with shape {list(tokens.shape)}")
+            ids = torch.from_numpy(tokens.astype(np.int64, copy=True))
+        else:
+            try:
+                seq = list(tokens)
+            except TypeError:
+                raise TokenError(f"RWKV.forward: tokens must be a list of token ids, got "
+                                 f"{type(tokens).__name__}") from None
+            for t in seq:
+                if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                    raise TokenError(f"RWKV.forward: every token must be an int, got {t!r} "
+                                     f"({type(t).__name__})")
+            ids = torch.tensor([int(t) for t in seq], dtype=torch.long) if seq else torch.empty(0, dtype=torch.long)
+        if ids.numel() == 0:
+            raise TokenError("RWKV.forward: tokens is empty; pass at least one token id")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= V:
+            bad = lo if lo < 0 else hi
+            raise TokenError(f"RWKV.forward: token id {bad} is out of range for this model's vocabulary "
+                             f"(valid ids are 0..{V - 1})")
+        return ids
+
+    def _print_plan(self, plan) -> None:
+        L = self.info.n_layer
+        print(f"Strategy: (total {L}+1={L + 1} layers)")
+        groups, start = [], 0
+        for n in range(1, L + 2):
+            if n == L + 1 or plan[n] != plan[start]:
+                groups.append((start, n - 1, plan[start]))
+                start = n
+        wkv = f"wkv{int(self.info.version)}_forward"
+        for a, b, dd in groups:
+            dev_type = torch.device(dd.device).type
+            impl = ops.describe(wkv, dev_type, self.kernels) if hasattr(ops, "describe") else self.kernels
+            span = f"layers {a}-{b}" if a != b else f"layer {a}"
+            if b == L:
+                span += " (head)" if a == b else " + head"
+            print(f"  {span:<22} {dd.device} {dd.dtype}{' i8' if dd.quant else ''}"
+                  f"{' stream' if dd.stream else ''}  {wkv}={impl}")
+        print(f"  CPU ISA: {ops.cpu_isa()}")

@@ -1,0 +1,166 @@
+"""Version-independent runtime: embedding, layer loop, head, and the recurrent state.
+
+State layout (upstream's, per layer i):
+  v4:      [5i+0] att shift (C, atype)  [5i+1] aa  [5i+2] bb  [5i+3] pp (A, fp32; pp starts at -1e30)
+           [5i+4] ffn shift (C, atype)
+  v5/v6:   [3i+0] att shift  [3i+1] S (H, N, N) fp32 [head, key, value]  [3i+2] ffn shift
+  v7:      [3i+0] att shift  [3i+1] S (H, N, N) fp32 [head, value, key]  [3i+2] ffn shift
+Shift states hold the layer-norm output of the previous token. Tensors live on their layer's device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..loading import ModelInfo
+from ..strategy import LayerPlacement
+from .common import Projection, layer_norm
+from .ffn import ChannelMix
+from .v4 import TimeMixV4
+from .v5 import TimeMixV5, TimeMixV6
+from .v7 import TimeMixV7
+
+
+class StateError(ValueError):
+    """A state that does not belong to this model (length, shape, dtype or device)."""
+
+
+class TokenError(ValueError, IndexError):
+    """Bad token ids. Subclasses IndexError too, which is what upstream raised for these cases."""
+
+
+def _time_mix_class(version: float):
+    if version == 4:
+        return TimeMixV4
+    if version == 6:
+        return TimeMixV6
+    if version == 7:
+        return TimeMixV7
+    return TimeMixV5
+
+
+def _on_device(t: torch.Tensor, dev: torch.device) -> bool:
+    return t.device.type == dev.type and (dev.index is None or t.device.index in (dev.index, None))
+
+
+class Runtime:
+    """Holds the per-layer modules built from the converted weights and runs the forward pass."""
+
+    def __init__(self, info: ModelInfo, w: dict, plan: list[LayerPlacement], rescale: int, mode: str):
+        self.info, self.w, self.plan, self.rescale = info, w, plan, rescale
+        L = info.n_layer
+        self.per_layer = 5 if info.version == 4 else 3
+        self.devices = [torch.device(dd.device) for dd in plan]
+        tm_cls = _time_mix_class(info.version)
+        self.att, self.ffn = [], []
+        for i in range(L):
+            dd = plan[i]
+            self.att.append(tm_cls(w, i, dd, info, mode, dd.stream))
+            self.ffn.append(ChannelMix(w, i, dd, info.version, mode, dd.stream))
+        self.ln_out = (w["ln_out.weight"], w["ln_out.bias"])
+        self.head = Projection(w, "head.weight", plan[L], mode, stream=False)
+        self.emb = w["emb.weight"]
+        self.initial_matrix_state: list | None = None  # from time_state keys or load_state_tuning()
+        if info.has_time_state and info.version >= 5:
+            self.initial_matrix_state = self._time_state_from_weights()
+
+    # ----------------------------------------------------------------------------------- state
+    def state_spec(self, i: int) -> list:
+        """(shape, dtype, device, description) of every state entry of layer i, in order."""
+        info, dd, dev = self.info, self.plan[i], self.devices[i]
+        shift = ((info.n_embd,), dd.atype, dev)
+        if info.version == 4:
+            vec = ((info.n_att,), torch.float32, dev)
+            return [shift + ("att shift",), vec + ("aa",), vec + ("bb",), vec + ("pp",), shift + ("ffn shift",)]
+        mat = ((info.n_head, info.head_size, info.head_size), torch.float32, dev)
+        return [shift + ("att shift",), mat + ("matrix state",), shift + ("ffn shift",)]
+
+    def zero_state(self) -> list:
+        state = []
+        for i in range(self.info.n_layer):
+            for n, (shape, dtype, dev, _) in enumerate(self.state_spec(i)):
+                t = torch.zeros(shape, dtype=dtype, device=dev)
+                if self.info.version == 4 and n == 3:
+                    t -= 1e30
+                elif n == 1 and self.initial_matrix_state is not None:
+                    t = self.initial_matrix_state[i].to(dev).clone()
+                state.append(t)
+        return state
+
+    def _time_state_from_weights(self) -> list:
+        """Upstream: ``time_state`` (rounded to atype at load), last two axes swapped for v5/v6."""
+        out = []
+        for i in range(self.info.n_layer):
+            ts = self.w.get(f"blocks.{i}.att.time_state")
+            if ts is None:
+                out.append(torch.zeros(self.info.n_head, self.info.head_size, self.info.head_size))
+                continue
+            ts = ts.reshape(self.info.n_head, self.info.head_size, self.info.head_size)
+            if self.info.version < 7:
+                ts = ts.transpose(1, 2)
+            out.append(ts.to(dtype=torch.float32, device=self.devices[i]).contiguous())
+        return out
+
+    def validate_state(self, state) -> None:
+        n = self.info.n_layer * self.per_layer
+        if not isinstance(state, (list, tuple)):
+            raise StateError(f"RWKV.forward: state must be None or the list returned by a previous forward, "
+                             f"got {type(state).__name__}")
+        if len(state) != n:
+            raise StateError(f"RWKV.forward: state has {len(state)} entries, this model needs {n} "
+                             f"({self.info.n_layer} layers x {self.per_layer}); it was made by a different "
+                             "model. Pass state=None to start fresh.")
+        for i in range(self.info.n_layer):
+            for j, (shape, dtype, dev, what) in enumerate(self.state_spec(i)):
+                idx = i * self.per_layer + j
+                t = state[idx]
+                where = f"state[{idx}] (layer {i} {what})"
+                if not isinstance(t, torch.Tensor):
+                    raise StateError(f"RWKV.forward: {where} must be a Tensor, got {type(t).__name__}")
+                if tuple(t.shape) != shape:
+                    raise StateError(f"RWKV.forward: {where} has shape {list(t.shape)}, expected {list(shape)}: "
+                                     "the state comes from a different model. Pass state=None to start fresh.")
+                if t.dtype != dtype:
+                    raise StateError(f"RWKV.forward: {where} has dtype {t.dtype}, expected {dtype} for this "
+                                     "strategy; convert it with .to(dtype) or pass state=None.")
+                if not _on_device(t, dev):
+                    raise StateError(f"RWKV.forward: {where} is on {t.device}, expected {dev} for this "
+                                     "strategy; move it with .to(device) or pass state=None.")
+
+    # --------------------------------------------------------------------------------- forward
+    def forward(self, tokens: torch.Tensor, state: list, full_output: bool):
+        """tokens: [T] int64 on CPU, already validated. Returns (logits fp32, new state list).
+        The input state's tensors are never written: the kernels update private copies."""
+        info, per = self.info, self.per_layer
+        x = self.emb[tokens]
+        new_state = list(state)
+        v_first = None
+        for i in range(info.n_layer):
+            dd, dev = self.plan[i], self.devices[i]
+            x = x.to(dtype=dd.atype, device=dev)
+            s = state[i * per:(i + 1) * per]
+            att, ffn = self.att[i], self.ffn[i]
+            if info.version == 4:
+                aa, bb, pp = (t.clone() for t in s[1:4])
+                x, sx = att(x, s[0], aa, bb, pp)
+                x, sf = ffn(x, s[4])
+                new_state[i * per:(i + 1) * per] = [sx, aa, bb, pp, sf]
+            else:
+                S = s[1].clone()
+                if info.version == 7:
+                    x, sx, v_first = att(x, s[0], S, v_first)
+                else:
+                    x, sx = att(x, s[0], S)
+                x, sf = ffn(x, s[2])
+                new_state[i * per:(i + 1) * per] = [sx, S, sf]
+            if self.rescale > 0 and (i + 1) % self.rescale == 0:
+                x = x / 2
+        if not full_output:
+            x = x[-1:]
+        hd = self.plan[info.n_layer]
+        x = x.to(dtype=hd.atype, device=self.devices[info.n_layer])
+        x = layer_norm(x, *self.ln_out)
+        logits = self.head(x).float()
+        if logits.shape[0] == 1:
+            logits = logits[0]
+        return logits, new_state

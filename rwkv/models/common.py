@@ -1,0 +1,66 @@
+"""Building blocks shared by every RWKV version: layer norm, token shift, and projections that hide
+whether a weight is dense, int8, or streamed to its device per call."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..strategy import LayerPlacement
+
+GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight=w, bias=b)
+
+
+def token_shift(xx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+    """Row t of the result is the previous token's row: ``[sx; xx[0..T-2]]``. xx: [T, C], sx: [C]."""
+    if xx.shape[0] == 1:
+        return sx.unsqueeze(0)
+    return torch.cat((sx.unsqueeze(0), xx[:-1]))
+
+
+class Projection:
+    """``x @ W`` for x: [T, in] -> [T, out], W stored (in, out) as upstream does.
+
+    Dense weights use torch's matmul (upstream's CPU path). int8 weights use the fused ``mm8`` ops
+    (``mm8_one`` for one token). fp16 weights on CUDA whose output is wanted in fp32 use
+    ``gemm_fp16`` (fp32 accumulation and output: upstream's cuBLAS fix for small-model overflow)
+    when it is compiled. Streamed weights stay in CPU memory and are copied for each call.
+    """
+
+    def __init__(self, w: dict, key: str, dd: LayerPlacement, mode: str, stream: bool = False):
+        self.key = key
+        self.device = torch.device(dd.device)
+        self.weight = w[key]
+        self.int8 = self.weight.dtype == torch.uint8
+        self.stream = stream and self.device.type != "cpu"
+        dev_type = self.device.type
+        if self.int8:
+            self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry"))
+            self._one = ops.resolve("mm8_one", dev_type, mode)
+            self._seq = ops.resolve("mm8_seq", dev_type, mode)
+        self._gemm16 = None
+        if dev_type == "cuda" and self.weight.dtype == torch.float16:
+            self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
+
+    def _weight(self) -> torch.Tensor:
+        if self.stream:
+            return self.weight.to(self.device, non_blocking=True)
+        return self.weight
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        W = self._weight()
+        if self.int8:
+            if x.shape[0] == 1:
+                y = self._one(x[0], W, *self.side).unsqueeze(0)
+            else:
+                y = self._seq(x, W, *self.side)
+        elif out_dtype == torch.float32 and self._gemm16 is not None:
+            return self._gemm16(x, W, True)
+        else:
+            y = x @ W
+        return y if out_dtype is None else y.to(out_dtype)

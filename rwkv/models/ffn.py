@@ -1,0 +1,44 @@
+"""Channel mix (the feed-forward half of a block) for every version (reference-behaviour 5.7, 6.3)."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import Projection, layer_norm, token_shift
+
+
+class ChannelMix:
+    """v4/v5.x use ``time_mix_k/r`` (lerp form), v6 ``time_maa_k/r`` (delta form), v7 ``x_k`` and no
+    receptance. Returns ``(x + out, new shift state)``; the shift state is the LN2 output."""
+
+    def __init__(self, w: dict, i: int, dd, version: float, mode: str, stream: bool):
+        p = f"blocks.{i}."
+        self.ln_w, self.ln_b = w[p + "ln2.weight"], w[p + "ln2.bias"]
+        self.version = version
+        if version == 7:
+            self.mix_k = w[p + "ffn.x_k"]
+        elif version == 6:
+            self.mix_k, self.mix_r = w[p + "ffn.time_maa_k"], w[p + "ffn.time_maa_r"]
+        else:
+            self.mix_k, self.mix_r = w[p + "ffn.time_mix_k"], w[p + "ffn.time_mix_r"]
+        self.key = Projection(w, p + "ffn.key.weight", dd, mode, stream)
+        self.value = Projection(w, p + "ffn.value.weight", dd, mode, stream)
+        if version != 7:
+            self.receptance = Projection(w, p + "ffn.receptance.weight", dd, mode, stream)
+
+    def __call__(self, x: torch.Tensor, sx: torch.Tensor):
+        xx = layer_norm(x, self.ln_w, self.ln_b)
+        prev = token_shift(xx, sx)
+        if self.version == 7:
+            kx = xx + (prev - xx) * self.mix_k
+            return x + self.value(torch.relu(self.key(kx)) ** 2), xx[-1]
+        if self.version == 6:
+            d = prev - xx
+            kx = xx + d * self.mix_k
+            rx = xx + d * self.mix_r
+        else:
+            kx = xx * self.mix_k + prev * (1 - self.mix_k)
+            rx = xx * self.mix_r + prev * (1 - self.mix_r)
+        r = torch.sigmoid(self.receptance(rx))
+        h = torch.relu(self.key(kx)) ** 2
+        return x + r * self.value(h), xx[-1]

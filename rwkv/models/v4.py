@@ -1,0 +1,33 @@
+"""RWKV-4 time mix (reference-behaviour 5.4). State per layer: [shift, aa, bb, pp] + ffn shift."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from .common import Projection, layer_norm, token_shift
+
+
+class TimeMixV4:
+    def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
+        p = f"blocks.{i}."
+        self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
+        self.mix_k, self.mix_v, self.mix_r = (w[p + f"att.time_mix_{c}"] for c in "kvr")
+        self.decay, self.first = w[p + "att.time_decay"], w[p + "att.time_first"]  # fp32 (A,)
+        self.key, self.value, self.receptance, self.output = (
+            Projection(w, p + f"att.{n}.weight", dd, mode, stream)
+            for n in ("key", "value", "receptance", "output"))
+        self.wkv = ops.resolve("wkv4_forward", torch.device(dd.device).type, mode)
+
+    def __call__(self, x, sx, aa, bb, pp):
+        """aa, bb, pp are private copies (updated in place by the kernel)."""
+        xx = layer_norm(x, self.ln_w, self.ln_b)
+        prev = token_shift(xx, sx)
+        kx = xx * self.mix_k + prev * (1 - self.mix_k)
+        vx = xx * self.mix_v + prev * (1 - self.mix_v)
+        rx = xx * self.mix_r + prev * (1 - self.mix_r)
+        r = torch.sigmoid(self.receptance(rx))
+        k = self.key(kx, torch.float32)
+        v = self.value(vx, torch.float32)
+        y = self.wkv(self.decay, self.first, k.contiguous(), v.contiguous(), aa, bb, pp)
+        return x + self.output(r * y.to(x.dtype)), xx[-1]

@@ -1,0 +1,81 @@
+"""RWKV-5.x and RWKV-6 time mix (reference-behaviour 5.5, 5.6). Matrix state [head, key, value]."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from .common import GROUP_NORM_EPS, Projection, layer_norm, token_shift
+
+
+class TimeMixV5:
+    """5.0 (no gate), 5.1 (gate, per-head decay), 5.2 (gate, per-channel decay) and, as a subclass,
+    6.0 (data-dependent token shift and decay)."""
+
+    op_name = "wkv5_forward"
+
+    def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
+        p = self.prefix = f"blocks.{i}."
+        self.H, self.N = info.n_head, info.head_size
+        self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
+        self.lx_w, self.lx_b = w[p + "att.ln_x.weight"], w[p + "att.ln_x.bias"]
+        self.gated = info.version >= 5.1
+        proj = ("key", "value", "receptance", "output") + (("gate",) if self.gated else ())
+        for name in proj:
+            # The gate streams never (upstream streams only key/value/receptance/output).
+            setattr(self, name, Projection(w, p + f"att.{name}.weight", dd, mode, stream and name != "gate"))
+        shape = (self.H, self.N)
+        self.first = w[p + "att.time_first"].expand(self.H, self.N, 1).reshape(shape).contiguous()
+        self._load_mixes(w, p)
+        self.wkv = ops.resolve(self.op_name, torch.device(dd.device).type, mode)
+
+    def _load_mixes(self, w, p):
+        names = "kvr" + ("g" if self.gated else "")
+        self.mixes = [w[p + f"att.time_mix_{c}"] for c in names]
+        self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
+
+    def _inputs(self, xx, prev):
+        """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay for the kernel."""
+        mixed = [xx * m + prev * (1 - m) for m in self.mixes]
+        r = self.receptance(mixed[2], torch.float32)
+        k = self.key(mixed[0], torch.float32)
+        v = self.value(mixed[1], torch.float32)
+        g = F.silu(self.gate(mixed[3])) if self.gated else None
+        return r, k, v, g, self.decay
+
+    def __call__(self, x, sx, S):
+        """S is a private copy (updated in place by the kernel)."""
+        xx = layer_norm(x, self.ln_w, self.ln_b)
+        r, k, v, g, decay = self._inputs(xx, token_shift(xx, sx))
+        y = self.wkv(S, r.contiguous(), k.contiguous(), v.contiguous(), decay, self.first)
+        y = F.group_norm(y, num_groups=self.H, weight=self.lx_w, bias=self.lx_b, eps=GROUP_NORM_EPS)
+        y = y.to(dtype=x.dtype)
+        if g is not None:
+            y = y * g
+        return x + self.output(y), xx[-1]
+
+
+class TimeMixV6(TimeMixV5):
+    op_name = "wkv6_forward"
+
+    def _load_mixes(self, w, p):
+        a = p + "att."
+        self.maa_x = w[a + "time_maa_x"]
+        self.maa = [w[a + f"time_maa_{c}"] for c in "wkvrg"]
+        self.maa_w1, self.maa_w2 = w[a + "time_maa_w1"], w[a + "time_maa_w2"]  # (C, 5D), (5, D, C)
+        self.decay_w1, self.decay_w2 = w[a + "time_decay_w1"], w[a + "time_decay_w2"]
+        self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
+
+    def _inputs(self, xx, prev):
+        T = xx.shape[0]
+        d = prev - xx
+        z = torch.tanh((xx + d * self.maa_x) @ self.maa_w1).view(T, 5, -1).transpose(0, 1)
+        m = torch.bmm(z, self.maa_w2)  # (5, T, C): w, k, v, r, g
+        wx, kx, vx, rx, gx = (xx + d * (self.maa[n] + m[n]) for n in range(5))
+        r = self.receptance(rx, torch.float32)
+        k = self.key(kx, torch.float32)
+        v = self.value(vx, torch.float32)
+        g = F.silu(self.gate(gx))
+        wlog = self.decay_base + (torch.tanh(wx @ self.decay_w1) @ self.decay_w2).float()
+        return r, k, v, g, torch.exp(-torch.exp(wlog)).contiguous()
