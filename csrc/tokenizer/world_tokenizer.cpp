@@ -25,25 +25,27 @@ namespace {
 constexpr int64_t kMaxDecodeId = 1 << 24;  // larger ids: the caller keeps the Python dict path
 
 struct Trie {
-  // Node 0 is the root. Children of node n: edge_byte/edge_child[first[n] .. first[n] + count[n]),
-  // sorted by byte. The root also has a dense 256-entry table.
-  std::vector<int32_t> token;   // token id ending at the node, -1 if none
-  std::vector<uint32_t> first;
-  std::vector<uint32_t> count;
+  // Node 0 is the root. Children of node n: edge_byte/edge_child[first .. first + count), sorted by
+  // byte. Nodes with many children (the root among them) also get a dense 256-entry table in
+  // `dense` (child or 0; node 0 is never a child). Sizes: ~116k nodes, ~2.7k dense tables.
+  struct Node {
+    int32_t token;   // token id ending at the node, -1 if none
+    uint32_t first;
+    uint32_t count;
+    int32_t dense;   // index of the node's dense table, -1 if none
+  };
+  static constexpr uint32_t kDenseMin = 5;
+  std::vector<Node> nodes;
   std::vector<uint8_t> edge_byte;
   std::vector<uint32_t> edge_child;
-  uint32_t root_table[256];     // 0 = no child (node 0 is the root, never a child)
+  std::vector<uint32_t> dense;
 
   uint32_t child(uint32_t node, uint8_t b) const {
-    const uint32_t lo = first[node], n = count[node];
-    const uint8_t* bytes = edge_byte.data() + lo;
-    if (n <= 8) {
-      for (uint32_t i = 0; i < n; ++i)
-        if (bytes[i] == b) return edge_child[lo + i];
-      return 0;
-    }
-    const uint8_t* it = std::lower_bound(bytes, bytes + n, b);
-    if (it != bytes + n && *it == b) return edge_child[lo + (it - bytes)];
+    const Node& nd = nodes[node];
+    if (nd.dense >= 0) return dense[static_cast<size_t>(nd.dense) * 256 + b];
+    const uint8_t* bytes = edge_byte.data() + nd.first;
+    for (uint32_t i = 0; i < nd.count; ++i)
+      if (bytes[i] == b) return edge_child[nd.first + i];
     return 0;
   }
 };
@@ -59,6 +61,7 @@ struct TokenizerObject {
   std::vector<uint32_t>* dec_off;  // id -> offset into dec_bytes; dec_off[id+1]-dec_off[id] = length
   std::vector<uint8_t>* dec_known;
   std::string* dec_bytes;
+  std::vector<PyObject*>* id_objs;  // cached int objects for every id that encode can return
 };
 
 bool build_trie(PyObject* items, Trie* trie) {
@@ -103,20 +106,23 @@ bool build_trie(PyObject* items, Trie* trie) {
   Py_DECREF(seq);
 
   const size_t nn = nodes.size();
-  trie->token.resize(nn);
-  trie->first.resize(nn);
-  trie->count.resize(nn);
+  trie->nodes.resize(nn);
   for (size_t i = 0; i < nn; ++i) {
-    trie->token[i] = nodes[i].token;
-    trie->first[i] = static_cast<uint32_t>(trie->edge_byte.size());
-    trie->count[i] = static_cast<uint32_t>(nodes[i].kids.size());
+    Trie::Node& out = trie->nodes[i];
+    out.token = nodes[i].token;
+    out.first = static_cast<uint32_t>(trie->edge_byte.size());
+    out.count = static_cast<uint32_t>(nodes[i].kids.size());
+    out.dense = -1;
     for (const auto& kv : nodes[i].kids) {
       trie->edge_byte.push_back(kv.first);
       trie->edge_child.push_back(kv.second);
     }
+    if (i == 0 || out.count >= Trie::kDenseMin) {
+      out.dense = static_cast<int32_t>(trie->dense.size() / 256);
+      trie->dense.resize(trie->dense.size() + 256, 0);
+      for (const auto& kv : nodes[i].kids) trie->dense[static_cast<size_t>(out.dense) * 256 + kv.first] = kv.second;
+    }
   }
-  std::memset(trie->root_table, 0, sizeof(trie->root_table));
-  for (const auto& kv : nodes[0].kids) trie->root_table[kv.first] = kv.second;
   return true;
 }
 
@@ -163,11 +169,32 @@ bool build_decoder(PyObject* items, TokenizerObject* self) {
   return true;
 }
 
+void release_id_objs(TokenizerObject* self) {
+  if (!self->id_objs) return;
+  for (PyObject* o : *self->id_objs) Py_XDECREF(o);
+  delete self->id_objs;
+  self->id_objs = nullptr;
+}
+
+bool build_id_objs(TokenizerObject* self) {
+  int32_t max_id = -1;
+  for (const auto& nd : self->trie->nodes) max_id = std::max(max_id, nd.token);
+  self->id_objs = new std::vector<PyObject*>(static_cast<size_t>(max_id + 1), nullptr);
+  for (const auto& nd : self->trie->nodes) {
+    if (nd.token < 0 || (*self->id_objs)[nd.token]) continue;
+    PyObject* o = PyLong_FromLong(nd.token);
+    if (!o) return false;
+    (*self->id_objs)[nd.token] = o;
+  }
+  return true;
+}
+
 void tok_dealloc(TokenizerObject* self) {
   delete self->trie;
   delete self->dec_off;
   delete self->dec_known;
   delete self->dec_bytes;
+  release_id_objs(self);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -180,12 +207,14 @@ int tok_init(TokenizerObject* self, PyObject* args, PyObject* kwds) {
     delete self->dec_off;
     delete self->dec_known;
     delete self->dec_bytes;
+    release_id_objs(self);
     self->trie = new Trie();
     self->dec_off = new std::vector<uint32_t>();
     self->dec_known = new std::vector<uint8_t>();
     self->dec_bytes = new std::string();
     if (!build_trie(enc, self->trie)) return -1;
     if (!build_decoder(dec, self)) return -1;
+    if (!build_id_objs(self)) return -1;
   } catch (const std::bad_alloc&) {
     PyErr_NoMemory();
     return -1;
@@ -199,11 +228,12 @@ bool encode_span(const Trie& t, const uint8_t* src, size_t n, std::vector<int32_
     int32_t best = -1;
     size_t best_end = pos;
     size_t i = pos;
-    uint32_t node = t.root_table[src[i]];
+    uint32_t node = t.dense[src[i]];  // the root's dense table is table 0
     while (node != 0) {
       ++i;
-      if (t.token[node] >= 0) {
-        best = t.token[node];
+      const int32_t tok = t.nodes[node].token;
+      if (tok >= 0) {
+        best = tok;
         best_end = i;
       }
       if (i == n) break;
@@ -220,7 +250,7 @@ bool encode_span(const Trie& t, const uint8_t* src, size_t n, std::vector<int32_
 }
 
 PyObject* tok_encode(TokenizerObject* self, PyObject* arg) {
-  if (!self->trie) {
+  if (!self->trie || !self->id_objs) {
     PyErr_SetString(PyExc_RuntimeError, "Tokenizer is not initialised");
     return nullptr;
   }
@@ -252,18 +282,15 @@ PyObject* tok_encode(TokenizerObject* self, PyObject* arg) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
   if (!list) return nullptr;
   for (size_t k = 0; k < ids.size(); ++k) {
-    PyObject* v = PyLong_FromLong(ids[k]);
-    if (!v) {
-      Py_DECREF(list);
-      return nullptr;
-    }
+    PyObject* v = (*self->id_objs)[ids[k]];  // ids come from the trie, so the slot is filled
+    Py_INCREF(v);
     PyList_SET_ITEM(list, static_cast<Py_ssize_t>(k), v);
   }
   return list;
 }
 
 PyObject* tok_decode(TokenizerObject* self, PyObject* arg) {
-  if (!self->trie) {
+  if (!self->trie || !self->id_objs) {
     PyErr_SetString(PyExc_RuntimeError, "Tokenizer is not initialised");
     return nullptr;
   }
@@ -313,6 +340,7 @@ PyObject* tok_new(PyTypeObject* type, PyObject*, PyObject*) {
     self->dec_off = nullptr;
     self->dec_known = nullptr;
     self->dec_bytes = nullptr;
+    self->id_objs = nullptr;
   }
   return reinterpret_cast<PyObject*>(self);
 }
