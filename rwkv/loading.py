@@ -78,9 +78,12 @@ def read_checkpoint(path: str) -> dict:
         use_mmap = zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 files)
         sd = torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
+        detail = _unpickler_detail(e)
+        if "GLOBAL" not in detail:
+            raise CheckpointError(f"RWKV: {path!r} is not a readable PyTorch checkpoint ({detail})") from None
         raise CheckpointError(
             f"RWKV: refused to load {path!r}: it contains pickled objects other than tensors and "
-            f"plain values, which could run code when unpickled ({_first_line(e)}). Only plain "
+            f"plain values, which could run code when unpickled ({detail}). Only plain "
             "checkpoints (a dict of tensors) are loaded.") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
         if isinstance(e, (FileNotFoundError, PermissionError)):
@@ -110,6 +113,14 @@ def _read_safetensors(path: str) -> dict:
         return dict(load_file(path, device="cpu"))
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise CheckpointError(f"RWKV: {path!r} is not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _unpickler_detail(e: BaseException) -> str:
+    """The informative line of torch's weights-only unpickler error (it wraps it in advice)."""
+    for line in str(e).splitlines():
+        if "GLOBAL" in line or "Unsupported" in line or "Unpickler error" in line and line.strip()[-1] != ":":
+            return line.strip()[:300]
+    return _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,0 +1,237 @@
+"""The forward contract: shapes, state semantics, bad input, conversion, state tuning, kernel modes."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from rwkv.loading import CheckpointError
+from rwkv.model import RWKV, StateError, TokenError, convert_checkpoint
+from rwkv.strategy import StrategyError
+from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
+
+CFG = dict(n_layer=2, n_embd=64, vocab=100, head_size=32, seed=3)
+VERSIONS = ("4", "5.0", "5.1", "5.2", "6", "7")
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("contract")
+    return {v: str(save_checkpoint(d / f"v{v}.pth", make_checkpoint(v, **CFG))) for v in VERSIONS}
+
+
+@pytest.fixture(scope="module")
+def models(paths):
+    return {v: RWKV(p, "cpu fp32", verbose=False) for v, p in paths.items()}
+
+
+def _clone(state):
+    return [t.clone() for t in state]
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_shapes_and_dtypes(models, v):
+    m = models[v]
+    out, st = m.forward([1, 2, 3], None)
+    assert out.shape == (100,) and out.dtype == torch.float32
+    full, _ = m.forward([1, 2, 3], None, full_output=True)
+    assert full.shape == (3, 100)
+    torch.testing.assert_close(full[-1], out, rtol=1e-5, atol=1e-5)  # BLAS: 3-row vs 1-row product
+    one, _ = m.forward([1], None, full_output=True)
+    assert one.shape == (100,)  # upstream: one token + full_output gives (V), not (1, V)
+    per = 5 if v == "4" else 3
+    assert len(st) == 2 * per
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_accepts_lists_arrays_tensors_and_ints(models, v):
+    m = models[v]
+    ref, _ = m.forward([5], None)
+    for tokens in ([5], np.array([5]), torch.tensor([5]), 5, np.int64(5)):
+        out, _ = m.forward(tokens, None)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_chunked_equals_whole(models, v):
+    m = models[v]
+    whole, s_whole = m.forward(list(range(1, 9)), None)
+    out, st = m.forward([1, 2, 3], None)
+    out, st = m.forward([4], st)
+    out, st = m.forward([5, 6, 7, 8], st)
+    # 5.0/5.1 differ in the last bits only through summation order; everything else is the same math.
+    torch.testing.assert_close(out, whole, rtol=1e-5, atol=1e-5)
+    for a, b in zip(st, s_whole):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_state_semantics_and_snapshots(models, v):
+    m = models[v]
+    _, st = m.forward([1, 2], None)
+    snapshot_list = list(st)  # shallow copy: must be a true snapshot (tensors are never written)
+    values = _clone(st)
+    out, st2 = m.forward([3], st)
+    for a, b in zip(snapshot_list, values):
+        assert torch.equal(a, b)
+    if v == "7":
+        assert st2 is not st and all(a is b for a, b in zip(st, snapshot_list))  # v7: caller's list untouched
+    else:
+        assert st2 is st  # classic: upstream mutates the caller's list in place and returns it
+    again, _ = m.forward([3], snapshot_list)
+    assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("bad,match", [([], "empty"), ([100], "out of range"), ([-1], "out of range"),
+                                       ([1.5], "must be an int"), (["a"], "must be an int"),
+                                       (torch.tensor([[1, 2]]), "1-D"), (torch.tensor([1.0]), "integer"),
+                                       ([True], "must be an int"), (None, "list of token ids")])
+def test_bad_tokens_raise_and_leave_state_alone(models, bad, match):
+    m = models["6"]
+    _, st = m.forward([1], None)
+    before = _clone(st)
+    ids = [id(t) for t in st]
+    with pytest.raises(TokenError, match=match):
+        m.forward(bad, st)
+    assert [id(t) for t in st] == ids and all(torch.equal(a, b) for a, b in zip(st, before))
+
+
+def test_token_errors_are_index_errors_too(models):
+    # Upstream raised IndexError for empty lists and out-of-range ids; old code catching it still works.
+    with pytest.raises(IndexError):
+        models["4"].forward([], None)
+
+
+def test_state_from_another_model_is_refused(models):
+    _, st_v6 = models["6"].forward([1], None)
+    _, st_v4 = models["4"].forward([1], None)
+    with pytest.raises(StateError, match="entries, this model needs"):
+        models["6"].forward([1], st_v4)
+    bad = _clone(st_v6)
+    bad[1] = torch.zeros(4, 16, 16)
+    with pytest.raises(StateError, match=r"state\[1\] .*shape"):
+        models["6"].forward([1], bad)
+    bad = _clone(st_v6)
+    bad[0] = bad[0].to(torch.float64)
+    with pytest.raises(StateError, match="dtype"):
+        models["6"].forward([1], bad)
+    with pytest.raises(StateError, match="must be None or the list"):
+        models["6"].forward([1], "state")
+    # A state from the same architecture but another model (different head layout) is refused too.
+    _, st_v7 = models["7"].forward([1], None)
+    wrong = _clone(st_v7)
+    wrong[1] = torch.zeros(1, 64, 64)
+    with pytest.raises(StateError, match="different model"):
+        models["7"].forward([1], wrong)
+
+
+def test_deepcopy_of_state_and_logits(models):
+    out, st = models["5.2"].forward([1, 2], None)
+    st2 = copy.deepcopy(st)
+    out2 = copy.deepcopy(out)
+    out2[0] = -float("inf")  # clients edit logits in place
+    a, _ = models["5.2"].forward([3], st)
+    b, _ = models["5.2"].forward([3], st2)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("strategy,match", [("cpu fp8", "dtype"), ("gpu fp32", "device"), ("cpu fp32i4", "i8"),
+                                            ("dml fp32", "DirectML"), ("", "empty")])
+def test_bad_strategy(paths, strategy, match):
+    with pytest.raises(StrategyError, match=match):
+        RWKV(paths["4"], strategy, verbose=False)
+
+
+def test_bad_kernels_keyword(paths):
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        RWKV(paths["4"], "cpu fp32", verbose=False, kernels="fast")
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_reference_and_compiled_kernels_agree(paths, v):
+    from rwkv import ops
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    for strategy in ("cpu fp32", "cpu fp32i8"):
+        ref = RWKV(paths[v], strategy, verbose=False, kernels="reference")
+        fast = RWKV(paths[v], strategy, verbose=False, kernels="compiled")
+        a, sa = ref.forward([1, 2, 3, 4], None)
+        b, sb = fast.forward([1, 2, 3, 4], None)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        a, _ = ref.forward([5], sa)
+        b, _ = fast.forward([5], sb)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_convert_roundtrip_every_version(paths, tmp_path, v):
+    # Upstream's converted v6 files lose n_head and crash; ours (and v7) load.
+    strategy = "cpu fp32 *1 -> cpu fp32i8"
+    out = convert_checkpoint(paths[v], strategy, str(tmp_path / f"conv{v}"))
+    assert out.endswith(".pth")
+    direct = RWKV(paths[v], strategy, verbose=False)
+    conv = RWKV(out, strategy, verbose=False)
+    a, _ = direct.forward([1, 2, 3], None)
+    b, _ = conv.forward([1, 2, 3], None)
+    assert torch.equal(a, b)
+    with pytest.raises(CheckpointError, match="can only be loaded with exactly"):
+        RWKV(out, "cpu fp32", verbose=False)
+
+
+def test_convert_and_save_and_exit_exits_like_upstream(paths, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        RWKV(paths["4"], "cpu fp32i8", verbose=False, convert_and_save_and_exit=str(tmp_path / "c"))
+    assert e.value.code == 0 and (tmp_path / "c.pth").exists()
+
+
+def test_rescale_layer_keeps_the_function(paths):
+    a = RWKV(paths["5.2"], "cpu fp32", verbose=False, rescale_layer=0)
+    b = RWKV(paths["5.2"], "cpu fp32", verbose=False, rescale_layer=1)
+    assert b.RESCALE_LAYER == 1 and a.RESCALE_LAYER == 0
+    la, _ = a.forward([1, 2, 3], None)
+    lb, _ = b.forward([1, 2, 3], None)
+    torch.testing.assert_close(la, lb, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("v", ("5.2", "6", "7"))
+def test_state_tuning_file(paths, tmp_path, v):
+    m = RWKV(paths[v], "cpu fp32", verbose=False)
+    H, N = m.info.n_head, m.info.head_size
+    g = torch.Generator().manual_seed(0)
+    tuned = {f"blocks.{i}.att.time_state": torch.randn(H, N, N, generator=g) * 0.1 for i in range(2)}
+    torch.save(tuned, tmp_path / "state.pth")
+    plain, _ = m.forward([1, 2], None)
+    m.load_state_tuning(str(tmp_path / "state.pth"))
+    st = m.generate_zero_state()
+    expected = tuned["blocks.0.att.time_state"]
+    expected = expected if v == "7" else expected.transpose(1, 2)
+    assert torch.equal(st[1], expected)
+    tuned_out, _ = m.forward([1, 2], None)
+    assert not torch.equal(plain, tuned_out)
+    # The merged-into-the-checkpoint route (rwkv_state_merger.py) gives the same initial state.
+    sd = make_checkpoint(v, **CFG)
+    sd.update(tuned)
+    merged = RWKV(str(save_checkpoint(tmp_path / "merged.pth", sd)), "cpu fp32", verbose=False)
+    merged_out, _ = merged.forward([1, 2], None)
+    torch.testing.assert_close(merged_out, tuned_out, rtol=1e-6, atol=1e-6)
+    with pytest.raises(CheckpointError, match="expected"):
+        m.load_state_tuning({f"blocks.{i}.att.time_state": torch.zeros(3, 3) for i in range(2)})
+
+
+def test_env_vars_of_old_scripts_are_accepted(paths, monkeypatch):
+    monkeypatch.setenv("RWKV_JIT_ON", "1")
+    monkeypatch.setenv("RWKV_CUDA_ON", "1")
+    monkeypatch.setenv("RWKV_V7_ON", "1")  # upstream: v4-v6 unloadable in this process; ours: harmless
+    for v in ("4", "7"):
+        out, _ = RWKV(paths[v], "cpu fp32", verbose=False).forward([1], None)
+        assert torch.isfinite(out).all()
+
+
+def test_upstream_attributes(models):
+    m = models["5.2"]
+    assert m.version == 5.2 and m.args.n_layer == 2 and m.args.n_head == 2
+    assert m.args.strategy_string == "cpu fp32" and len(m.strategy) == 3
+    assert m.strategy[2].atype == torch.float32 and m.strategy[2].device == "cpu"
+    assert models["4"].version == 4 and not hasattr(models["4"].args, "n_head")
+    assert m.w["blocks.0.att.time_decay"].dtype == torch.float32
