@@ -1,0 +1,122 @@
+// CPU instruction-set choice (see cpu_features.h) and the test-hook ops rwkv::_cpu_isa and
+// rwkv::_set_cpu_isa (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
+#include "cpu/cpu_features.h"
+
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+namespace rwkv {
+namespace cpu {
+namespace {
+
+constexpr int kAutomatic = -1;
+std::atomic<int> g_forced{kAutomatic};
+
+bool parse_isa(const std::string& s, Isa* out) {
+  if (s == "scalar") *out = Isa::scalar;
+  else if (s == "avx2") *out = Isa::avx2;
+  else if (s == "avx512") *out = Isa::avx512;
+  else return false;
+  return true;
+}
+
+Isa detect() {
+#if defined(RWKV_HAVE_X86_ISAS)
+  // __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0 via xgetbv).
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return Isa::avx512;
+  }
+  if (avx2) return Isa::avx2;
+#endif
+  return Isa::scalar;
+}
+
+// The automatic choice: the detected ISA capped by RWKV_CPU_ISA, read once when first needed.
+Isa automatic_isa() {
+  static const Isa isa = [] {
+    Isa chosen = detected_isa();
+    const char* env = std::getenv("RWKV_CPU_ISA");
+    if (env != nullptr && *env != '\0') {
+      Isa cap;
+      if (!parse_isa(env, &cap)) {
+        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2 or avx512, got '", env, "'; ignoring it");
+      } else if (static_cast<int>(cap) < static_cast<int>(chosen)) {
+        chosen = cap;
+      }
+    }
+    return chosen;
+  }();
+  return isa;
+}
+
+struct Tables {
+  KernelTable row[3] = {};
+  Tables() {
+    scalar::fill_kernel_table(&row[0]);
+#if defined(RWKV_HAVE_X86_ISAS)
+    avx2::fill_kernel_table(&row[1]);
+    avx512::fill_kernel_table(&row[2]);
+#endif
+  }
+};
+
+std::string cpu_isa_op() { return isa_name(active_isa()); }
+
+// Forces `isa` ("" or "auto": back to the automatic choice); returns the previously forced one.
+std::string set_cpu_isa_op(std::string isa) {
+  const int previous = g_forced.load();
+  std::string previous_name = previous == kAutomatic ? "" : isa_name(static_cast<Isa>(previous));
+  if (isa.empty() || isa == "auto") {
+    g_forced.store(kAutomatic);
+    return previous_name;
+  }
+  Isa wanted;
+  TORCH_CHECK(parse_isa(isa, &wanted),
+              "_set_cpu_isa: isa must be scalar, avx2, avx512 or empty, got '", isa, "'");
+  TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected_isa()), "_set_cpu_isa: isa ",
+              isa, " is not supported by this CPU/OS or build, got highest ",
+              isa_name(detected_isa()));
+  g_forced.store(static_cast<int>(wanted));
+  return previous_name;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+Isa detected_isa() {
+  static const Isa isa = detect();
+  return isa;
+}
+
+Isa active_isa() {
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced == kAutomatic ? automatic_isa() : static_cast<Isa>(forced);
+}
+
+const KernelTable& kernels() {
+  static const Tables tables;
+  return tables.row[static_cast<int>(active_isa())];
+}
+
+}  // namespace cpu
+}  // namespace rwkv
+
+// These ops take no tensor, so they are registered for CompositeExplicitAutograd (any device).
+TORCH_LIBRARY_IMPL(rwkv, CompositeExplicitAutograd, m) {
+  m.impl("_cpu_isa", &rwkv::cpu::cpu_isa_op);
+  m.impl("_set_cpu_isa", &rwkv::cpu::set_cpu_isa_op);
+}

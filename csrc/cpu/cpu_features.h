@@ -1,0 +1,25 @@
+// Which CPU instruction set the kernels use: the highest of scalar < avx2 < avx512 that both the
+// CPU and the OS support, capped by the RWKV_CPU_ISA environment variable (read when first needed;
+// an invalid value warns and is ignored), or forced by the test hook rwkv::_set_cpu_isa.
+#pragma once
+
+#include "cpu/kernel_table.h"
+
+namespace rwkv {
+namespace cpu {
+
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+
+const char* isa_name(Isa isa);
+
+// The highest ISA this CPU and OS run (no cap, no forcing).
+Isa detected_isa();
+
+// The ISA the kernels use now.
+Isa active_isa();
+
+// The kernel row of the active ISA.
+const KernelTable& kernels();
+
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,44 @@
+// One row of CPU kernels per instruction set: plain function pointers filled in by
+// kernels/isa_<isa>.cpp (ATen's DispatchStub idea without its macros). Torch-free.
+// Every kernel works on a half-open range of independent units ([c0, c1) channels, [h0, h1)
+// heads or [m0, m1) output columns) so the glue can split work with at::parallel_for.
+#pragma once
+
+#include <cstdint>
+
+namespace rwkv {
+namespace cpu {
+
+struct KernelTable {
+  // wkv4_forward on channels [c0, c1): k, v, y [T, C]; w, u, aa, bb, pp [C].
+  void (*wkv4)(int64_t T, int64_t C, int64_t c0, int64_t c1, const float* w, const float* u,
+               const float* k, const float* v, float* aa, float* bb, float* pp, float* y);
+  // wkv5_forward / wkv6_forward on heads [h0, h1): state [H, N, N] (key, value); r, k, v, y
+  // [T, H*N]; u [H*N]; w [H*N] advanced by w_step floats per token (0 for wkv5, H*N for wkv6).
+  void (*wkv56)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+                const float* r, const float* k, const float* v, const float* w, int64_t w_step,
+                const float* u, float* y);
+  // wkv7_forward on heads [h0, h1): state [H, N, N] (value, key); r, w, k, v, a, b, y [T, H*N].
+  void (*wkv7)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+               const float* r, const float* w, const float* k, const float* v, const float* a,
+               const float* b, float* y);
+  // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
+  // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
+  // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.
+  void (*mm8)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* xs,
+              const uint8_t* q, const float* sums, const float* rx, const float* mx, float* y);
+  // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
+  void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
+                      const float* my, float* xs, float* sums);
+};
+
+// Each fills every entry of its row; defined in kernels/isa_<isa>.cpp.
+namespace scalar { void fill_kernel_table(KernelTable* table); }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RWKV_HAVE_X86_ISAS 1
+namespace avx2 { void fill_kernel_table(KernelTable* table); }
+namespace avx512 { void fill_kernel_table(KernelTable* table); }
+#endif
+
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,72 @@
+// Vec policy for AVX2 + FMA: 8 floats per register. Include only from isa_avx2.cpp, after its
+// `#pragma GCC target`.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/kernels/vec_scalar.h"
+
+namespace rwkv {
+namespace cpu {
+namespace RWKV_ISA {
+
+struct VecAvx2 {
+  using reg = __m256;
+  static constexpr int width = 8;
+  using Tail = VecScalar;
+
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float a) { return _mm256_set1_ps(a); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+
+  // e^a for a <= 88 (relative error ~2 ulp): a = n*ln2 + r, e^r by a degree-6 polynomial
+  // (Cephes expf coefficients), 2^n through the exponent bits; a < -87.3 gives 0.
+  static reg exp(reg a) {
+    const reg lo = _mm256_set1_ps(-87.33654f);
+    const reg underflow = _mm256_cmp_ps(a, lo, _CMP_LT_OQ);
+    reg x = _mm256_min_ps(_mm256_max_ps(a, lo), _mm256_set1_ps(88.0f));
+    const reg n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    reg p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  }
+
+  static float reduce_add(reg a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // 8 bytes -> 8 floats.
+  static reg load_u8(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  }
+  static reg load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+}  // namespace RWKV_ISA
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,64 @@
+// Vec policy for AVX-512 (F, BW, VL, DQ): 16 floats per register. Include only from
+// isa_avx512.cpp, after its `#pragma GCC target`.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/kernels/vec_scalar.h"
+
+namespace rwkv {
+namespace cpu {
+namespace RWKV_ISA {
+
+struct VecAvx512 {
+  using reg = __m512;
+  static constexpr int width = 16;
+  using Tail = VecScalar;
+
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float a) { return _mm512_set1_ps(a); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+
+  // e^a as in VecAvx2::exp, with 2^n applied by scalef.
+  static reg exp(reg a) {
+    const reg lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 underflow = _mm512_cmp_ps_mask(a, lo, _CMP_LT_OQ);
+    reg x = _mm512_min_ps(_mm512_max_ps(a, lo), _mm512_set1_ps(88.0f));
+    const reg n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    reg p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+  }
+
+  static float reduce_add(reg a) { return _mm512_reduce_add_ps(a); }
+  // 16 bytes -> 16 floats.
+  static reg load_u8(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+  }
+  static reg load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+
+}  // namespace RWKV_ISA
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,66 @@
+// RWKV-5.x / 6 recurrence (wkv5_forward, wkv6_forward), per head, state S [N, N] = [key i, value j]:
+//   y[t, j] = v[t, j] * sum_i r[t, i]*u[i]*k[t, i]  +  sum_i r[t, i]*S[i, j]     (old S)
+//   S[i, j] = w[i]*S[i, j] + k[t, i]*v[t, j]          (wkv6: w[t, i], a decay per token)
+// fp32 throughout. The value axis j is contiguous, so registers run along j; one pass over S
+// per token both reads it for y and updates it. A head's S (16 KiB at N = 64) stays in L1.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels/vec_scalar.h"
+
+namespace rwkv {
+namespace cpu {
+namespace RWKV_ISA {
+
+// Value columns [j, j + B*V::width) of one head and token.
+template <class V, int B>
+inline void wkv56_columns(int64_t N, int64_t j, float* S, const float* r, const float* k,
+                          const float* v, const float* w, float ruk, float* y) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  R acc[B], vj[B];
+  for (int b = 0; b < B; ++b) {
+    acc[b] = V::zero();
+    vj[b] = V::load(v + j + b * W);
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    const R ri = V::set1(r[i]), wi = V::set1(w[i]), ki = V::set1(k[i]);
+    float* row = S + i * N + j;
+    for (int b = 0; b < B; ++b) {
+      const R s = V::load(row + b * W);
+      acc[b] = V::fma(ri, s, acc[b]);
+      V::store(row + b * W, V::fma(wi, s, V::mul(ki, vj[b])));
+    }
+  }
+  const R c = V::set1(ruk);
+  for (int b = 0; b < B; ++b) V::store(y + j + b * W, V::fma(c, vj[b], acc[b]));
+}
+
+template <class V>
+void wkv56(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+           const float* r, const float* k, const float* v, const float* w, int64_t w_step,
+           const float* u, float* y) {
+  constexpr int W = V::width;
+  const int64_t HN = H * N;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* S = state + h * N * N;
+    const float* uh = u + h * N;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t o = t * HN + h * N;
+      const float* wt = w + t * w_step + h * N;
+      float ruk = 0.0f;
+      for (int64_t i = 0; i < N; ++i) ruk += r[o + i] * uh[i] * k[o + i];
+      int64_t j = 0;
+      for (; j + 4 * W <= N; j += 4 * W)
+        wkv56_columns<V, 4>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
+      for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
+      for (; j < N; ++j)
+        wkv56_columns<typename V::Tail, 1>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
+    }
+  }
+}
+
+}  // namespace RWKV_ISA
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,67 @@
+"""The ``rwkv`` torch ops: typed wrappers, implementation choice and backend report.
+
+Importing this module defines the op schemas (torch.library) and nothing else: ``rwkv._C`` is
+loaded on first use and never compiled at run time. Each wrapper resolves the op for its input's
+device (``resolve(name, device_type, mode)``, cached) and calls it. See docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _schemas, reference
+from ._backend import MODES, backend_report, cpu_isa, resolve
+from ._schemas import OPS
+
+__all__ = ["MODES", "OPS", "backend_report", "cpu_isa", "gemm_fp16", "mm8", "mm8_one", "mm8_seq",
+           "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
+
+Tensor = torch.Tensor
+
+
+def wkv4(w: Tensor, u: Tensor, k: Tensor, v: Tensor, aa: Tensor, bb: Tensor, pp: Tensor,
+         *, mode: str = "auto") -> Tensor:
+    """RWKV-4: k, v [T, C] fp32; w, u [C]; aa, bb, pp [C] updated in place. Returns y [T, C]."""
+    return resolve("wkv4_forward", k.device.type, mode)(w, u, k, v, aa, bb, pp)
+
+
+def wkv5(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor,
+         *, mode: str = "auto") -> Tensor:
+    """RWKV-5.x: state [H, N, N] fp32 (key, value) in place; r, k, v [T, H*N]; w, u [H, N]."""
+    return resolve("wkv5_forward", r.device.type, mode)(state, r, k, v, w, u)
+
+
+def wkv6(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor,
+         *, mode: str = "auto") -> Tensor:
+    """RWKV-6: as wkv5 with w [T, H*N] (a decay per token)."""
+    return resolve("wkv6_forward", r.device.type, mode)(state, r, k, v, w, u)
+
+
+def wkv7(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
+         *, mode: str = "auto") -> Tensor:
+    """RWKV-7: state [H, N, N] fp32 (value, key) in place; r, w, k, v, a, b [T, H*N] fp32."""
+    return resolve("wkv7_forward", r.device.type, mode)(state, r, w, k, v, a, b)
+
+
+def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
+            *, mode: str = "auto") -> Tensor:
+    """x [N] @ int8 w [N, M] (mx, rx [M]; my, ry [N, 1]); returns [M] in x's dtype."""
+    return resolve("mm8_one", x.device.type, mode)(x, w, mx, rx, my, ry)
+
+
+def mm8_seq(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
+            *, mode: str = "auto") -> Tensor:
+    """x [T, N] @ int8 w [N, M]; returns [T, M] in x's dtype."""
+    return resolve("mm8_seq", x.device.type, mode)(x, w, mx, rx, my, ry)
+
+
+def mm8(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
+        *, mode: str = "auto") -> Tensor:
+    """mm8_one for a 1-D x, mm8_seq otherwise (upstream's ``mm8``)."""
+    fn = mm8_one if x.dim() == 1 else mm8_seq
+    return fn(x, w, mx, rx, my, ry, mode=mode)
+
+
+def gemm_fp16(a: Tensor, b: Tensor, fp32_out: bool, *, mode: str = "auto") -> Tensor:
+    """a [T, K] fp16 @ b [K, M] fp16, fp32 accumulation; fp32 result if fp32_out else fp16."""
+    return resolve("gemm_fp16", a.device.type, mode)(a, b, fp32_out)

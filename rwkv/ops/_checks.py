@@ -1,0 +1,154 @@
+"""Input rules of every op, shared by the fake (meta) kernels and the pure-torch references.
+
+Messages follow the project format ``<op>: <argument> <rule>, got <actual>`` and are the same
+text the C++ kernels produce (csrc/common/checks.h), so a test can match either backend.
+``torch._check`` raises RuntimeError and keeps working with symbolic shapes under tracing.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _shape(t: torch.Tensor) -> list:
+    return [int(s) for s in t.shape]
+
+
+def check_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype, why: str = "") -> None:
+    torch._check(t.dtype == dtype,
+                 lambda: f"{op}: {name} must be {dtype_name(dtype)}{why}, got {dtype_name(t.dtype)}")
+
+
+def check_dim(op: str, name: str, t: torch.Tensor, pattern: str, ndim: int) -> None:
+    torch._check(t.dim() == ndim, lambda: f"{op}: {name} must have shape {pattern}, got {_shape(t)}")
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, pattern: str, expected: Sequence[int]) -> None:
+    expected = [int(e) for e in expected]
+    torch._check(t.dim() == len(expected) and _shape(t) == expected,
+                 lambda: f"{op}: {name} must have shape {pattern} = {expected}, got {_shape(t)}")
+
+
+def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    torch._check(t.is_contiguous(),
+                 lambda: f"{op}: {name} must be contiguous, got strides {list(t.stride())}")
+
+
+def check_same_device(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+    first = tensors[0]
+    for name, t in zip(names[1:], tensors[1:]):
+        torch._check(t.device == first.device,
+                     lambda: f"{op}: {name} must be on the same device as {names[0]} "
+                             f"({first.device}), got {t.device}")
+
+
+def _check_rows(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], T: int, C: int,
+                pattern: str = "[T, H*N]") -> None:
+    for name, t in zip(names, tensors):
+        check_dtype(op, name, t, torch.float32)
+        check_shape(op, name, t, pattern, (T, C))
+
+
+def _check_state_hnn(op: str, state: torch.Tensor) -> tuple:
+    check_dtype(op, "state", state, torch.float32)
+    check_dim(op, "state", state, "[H, N, N]", 3)
+    H, N = int(state.shape[0]), int(state.shape[1])
+    check_shape(op, "state", state, "[H, N, N]", (H, N, N))
+    check_contiguous(op, "state", state)
+    return H, N
+
+
+def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
+    """Checks wkv4_forward's arguments; returns (T, C)."""
+    op = "wkv4_forward"
+    check_same_device(op, ("k", "w", "u", "v", "aa", "bb", "pp"), (k, w, u, v, aa, bb, pp))
+    check_dtype(op, "k", k, torch.float32)
+    check_dim(op, "k", k, "[T, C]", 2)
+    T, C = int(k.shape[0]), int(k.shape[1])
+    _check_rows(op, ("v",), (v,), T, C, "[T, C]")
+    for name, t in (("w", w), ("u", u), ("aa", aa), ("bb", bb), ("pp", pp)):
+        check_dtype(op, name, t, torch.float32)
+        check_shape(op, name, t, "[C]", (C,))
+    for name, t in (("aa", aa), ("bb", bb), ("pp", pp)):
+        check_contiguous(op, name, t)
+    return T, C
+
+
+def _validate_wkv56(op: str, state, r, k, v, w, u, w_per_token: bool) -> tuple:
+    check_same_device(op, ("state", "r", "k", "v", "w", "u"), (state, r, k, v, w, u))
+    H, N = _check_state_hnn(op, state)
+    check_dtype(op, "r", r, torch.float32)
+    check_dim(op, "r", r, "[T, H*N]", 2)
+    T = int(r.shape[0])
+    _check_rows(op, ("r", "k", "v"), (r, k, v), T, H * N)
+    if w_per_token:
+        _check_rows(op, ("w",), (w,), T, H * N)
+    else:
+        check_dtype(op, "w", w, torch.float32)
+        check_shape(op, "w", w, "[H, N]", (H, N))
+    check_dtype(op, "u", u, torch.float32)
+    check_shape(op, "u", u, "[H, N]", (H, N))
+    return T, H, N
+
+
+def validate_wkv5(state, r, k, v, w, u) -> tuple:
+    """Checks wkv5_forward's arguments; returns (T, H, N)."""
+    return _validate_wkv56("wkv5_forward", state, r, k, v, w, u, w_per_token=False)
+
+
+def validate_wkv6(state, r, k, v, w, u) -> tuple:
+    """Checks wkv6_forward's arguments; returns (T, H, N)."""
+    return _validate_wkv56("wkv6_forward", state, r, k, v, w, u, w_per_token=True)
+
+
+def validate_wkv7(state, r, w, k, v, a, b) -> tuple:
+    """Checks wkv7_forward's arguments; returns (T, H, N)."""
+    op = "wkv7_forward"
+    names = ("state", "r", "w", "k", "v", "a", "b")
+    check_same_device(op, names, (state, r, w, k, v, a, b))
+    H, N = _check_state_hnn(op, state)
+    check_dtype(op, "r", r, torch.float32)
+    check_dim(op, "r", r, "[T, H*N]", 2)
+    T = int(r.shape[0])
+    _check_rows(op, names[1:], (r, w, k, v, a, b), T, H * N)
+    return T, H, N
+
+
+def validate_mm8(op: str, x, w, mx, rx, my, ry, x_pattern: str, x_ndim: int) -> tuple:
+    """Checks mm8_one/mm8_seq arguments; returns (N, M)."""
+    check_same_device(op, ("x", "w", "mx", "rx", "my", "ry"), (x, w, mx, rx, my, ry))
+    torch._check(x.dtype in FLOAT_DTYPES,
+                 lambda: f"{op}: x must be float32, bfloat16 or float16, got {dtype_name(x.dtype)}")
+    check_dim(op, "x", x, x_pattern, x_ndim)
+    N = int(x.shape[-1])
+    check_dtype(op, "w", w, torch.uint8)
+    check_dim(op, "w", w, "[N, M]", 2)
+    M = int(w.shape[1])
+    check_shape(op, "w", w, "[N, M]", (N, M))
+    for name, t, pattern, shape in (("mx", mx, "[M]", (M,)), ("rx", rx, "[M]", (M,)),
+                                    ("my", my, "[N, 1]", (N, 1)), ("ry", ry, "[N, 1]", (N, 1))):
+        check_dtype(op, name, t, x.dtype, " (x's dtype)")
+        check_shape(op, name, t, pattern, shape)
+    return N, M
+
+
+def validate_gemm_fp16(a, b) -> tuple:
+    """Checks gemm_fp16's arguments; returns (T, K, M)."""
+    op = "gemm_fp16"
+    check_same_device(op, ("a", "b"), (a, b))
+    check_dtype(op, "a", a, torch.float16)
+    check_dim(op, "a", a, "[T, K]", 2)
+    T, K = int(a.shape[0]), int(a.shape[1])
+    check_dtype(op, "b", b, torch.float16)
+    check_dim(op, "b", b, "[K, M]", 2)
+    M = int(b.shape[1])
+    check_shape(op, "b", b, "[K, M]", (K, M))
+    return T, K, M

@@ -1,0 +1,108 @@
+"""Schemas and fake (meta) kernels of every op in the ``rwkv`` torch namespace.
+
+The schemas live here, in Python, so the namespace, the fakes and the reference path exist even
+when ``rwkv._C`` was not built; C++ and CUDA code only add ``TORCH_LIBRARY_IMPL(rwkv, <key>)``.
+Arguments marked ``(a!)`` are updated in place. See docs/kernels.md for the math.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+
+_LIB = "rwkv"
+
+
+def _define(name: str, schema: str) -> None:
+    torch.library.define(f"{_LIB}::{name}", schema)
+
+
+# w, u: [C] fp32 (w = -exp(time_decay)); k, v: [T, C] fp32; aa, bb, pp: [C] fp32 contiguous,
+# updated in place. Returns y: [T, C] fp32.
+_define("wkv4_forward",
+        "(Tensor w, Tensor u, Tensor k, Tensor v, Tensor(a!) aa, Tensor(b!) bb, Tensor(c!) pp)"
+        " -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv4_forward")
+def _wkv4_fake(w, u, k, v, aa, bb, pp):
+    T, C = _checks.validate_wkv4(w, u, k, v, aa, bb, pp)
+    return k.new_empty((T, C))
+
+
+# state: [H, N, N] fp32 contiguous [head, key i, value j], in place; r, k, v: [T, H*N] fp32;
+# w: [H, N] fp32 decay factor; u: [H, N] fp32 bonus. Returns y: [T, H*N] fp32.
+_define("wkv5_forward",
+        "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor u) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv5_forward")
+def _wkv5_fake(state, r, k, v, w, u):
+    T, H, N = _checks.validate_wkv5(state, r, k, v, w, u)
+    return r.new_empty((T, H * N))
+
+
+# As wkv5_forward, but w: [T, H*N] fp32, a decay factor per token.
+_define("wkv6_forward",
+        "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor u) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv6_forward")
+def _wkv6_fake(state, r, k, v, w, u):
+    T, H, N = _checks.validate_wkv6(state, r, k, v, w, u)
+    return r.new_empty((T, H * N))
+
+
+# state: [H, N, N] fp32 contiguous [head, value i, key j], in place; r, w, k, v, a, b:
+# [T, H*N] fp32 (w: decay factor in (0, 1)). Returns y: [T, H*N] fp32.
+_define("wkv7_forward",
+        "(Tensor(a!) state, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor b) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv7_forward")
+def _wkv7_fake(state, r, w, k, v, a, b):
+    T, H, N = _checks.validate_wkv7(state, r, w, k, v, a, b)
+    return r.new_empty((T, H * N))
+
+
+# x: [N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
+# mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] in x's dtype.
+_define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::mm8_one")
+def _mm8_one_fake(x, w, mx, rx, my, ry):
+    N, M = _checks.validate_mm8("mm8_one", x, w, mx, rx, my, ry, "[N]", 1)
+    return x.new_empty((M,))
+
+
+# x: [T, N] fp32|bf16|fp16; otherwise as mm8_one. Returns y: [T, M] in x's dtype.
+_define("mm8_seq", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::mm8_seq")
+def _mm8_seq_fake(x, w, mx, rx, my, ry):
+    N, M = _checks.validate_mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
+    return x.new_empty((int(x.shape[0]), M))
+
+
+# a: [T, K] fp16; b: [K, M] fp16; fp32 accumulation. Returns [T, M] fp32 if fp32_out else fp16.
+_define("gemm_fp16", "(Tensor a, Tensor b, bool fp32_out) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::gemm_fp16")
+def _gemm_fp16_fake(a, b, fp32_out):
+    T, K, M = _checks.validate_gemm_fp16(a, b)
+    return a.new_empty((T, M), dtype=torch.float32 if fp32_out else torch.float16)
+
+
+# CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
+# the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
+# _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
+_define("_cpu_isa", "() -> str")
+_define("_set_cpu_isa", "(str isa) -> str")
+
+#: Every tensor op of the namespace, in the order of docs/kernels.md.
+OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "mm8_one", "mm8_seq",
+       "gemm_fp16")

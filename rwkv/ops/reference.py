@@ -1,0 +1,139 @@
+"""Pure-torch implementations of every ``rwkv`` op: the spec the compiled kernels are tested against.
+
+Each public function has the op's signature, validates its inputs with the same rules and
+messages as the kernels (``_checks``), updates the recurrent state in place and returns the same
+result. The ``*_math`` functions hold the bare math in the inputs' own dtype (no checks, no
+mutation), so tests can evaluate the spec in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+
+
+# ---------------------------------------------------------------------------------------------
+# Math (any float dtype; state tensors are returned, not mutated)
+# ---------------------------------------------------------------------------------------------
+
+def wkv4_math(w, u, k, v, aa, bb, pp):
+    """w, u, aa, bb, pp: [C]; k, v: [T, C]. Returns (y [T, C], aa, bb, pp)."""
+    y = torch.empty_like(k)
+    for t in range(k.shape[0]):
+        kt, vt = k[t], v[t]
+        ww = u + kt
+        p = torch.maximum(pp, ww)
+        e1, e2 = torch.exp(pp - p), torch.exp(ww - p)
+        y[t] = (e1 * aa + e2 * vt) / (e1 * bb + e2)
+        ww = w + pp
+        p = torch.maximum(ww, kt)
+        e1, e2 = torch.exp(ww - p), torch.exp(kt - p)
+        aa, bb, pp = e1 * aa + e2 * vt, e1 * bb + e2, p
+    return y, aa, bb, pp
+
+
+def wkv56_math(state, r, k, v, w, u):
+    """state: [H, N, N] (key i, value j); r, k, v: [T, H*N]; w: [H, N] or [T, H*N]; u: [H, N].
+
+    Returns (y [T, H*N], new state)."""
+    H, N = state.shape[0], state.shape[1]
+    T = r.shape[0]
+    S = state.clone()
+    y = r.new_empty((T, H, N))
+    r, k, v = r.view(T, H, N), k.view(T, H, N), v.view(T, H, N)
+    # [H, N] and [T, H*N] only coincide when H = T = 1, where both readings agree.
+    per_token = tuple(w.shape) == (T, H * N)
+    for t in range(T):
+        wt = w[t].view(H, N) if per_token else w.view(H, N)
+        kv = k[t].unsqueeze(2) * v[t].unsqueeze(1)  # [H, N(i), N(j)]
+        y[t] = torch.einsum("hi,hij->hj", r[t], u.view(H, N).unsqueeze(2) * kv + S)
+        S = wt.unsqueeze(2) * S + kv
+    return y.reshape(T, H * N), S
+
+
+def wkv7_math(state, r, w, k, v, a, b):
+    """state: [H, N, N] (value i, key j); r, w, k, v, a, b: [T, H*N].
+
+    Returns (y [T, H*N], new state)."""
+    H, N = state.shape[0], state.shape[1]
+    T = r.shape[0]
+    S = state.clone()
+    y = r.new_empty((T, H, N))
+    r, w, k, v, a, b = (t.view(T, H, N) for t in (r, w, k, v, a, b))
+    for t in range(T):
+        sa = torch.einsum("hij,hj->hi", S, a[t])
+        S = S * w[t].unsqueeze(1) + sa.unsqueeze(2) * b[t].unsqueeze(1) \
+            + v[t].unsqueeze(2) * k[t].unsqueeze(1)
+        y[t] = torch.einsum("hij,hj->hi", S, r[t])
+    return y.reshape(T, H * N), S
+
+
+def mm8_math(x, w, mx, rx, my, ry):
+    """x: [..., N]; w: [N, M] uint8; mx, rx: [M]; my, ry: [N, 1]. In x's dtype, dequantizing w."""
+    return x @ ((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops (validated, fp32 compute, state updated in place)
+# ---------------------------------------------------------------------------------------------
+
+def wkv4_forward(w, u, k, v, aa, bb, pp):
+    """RWKV-4 recurrence. w, u: [C] fp32; k, v: [T, C] fp32; aa, bb, pp: [C] fp32 contiguous,
+    updated in place. Returns y [T, C] fp32."""
+    _checks.validate_wkv4(w, u, k, v, aa, bb, pp)
+    y, aa2, bb2, pp2 = wkv4_math(w, u, k, v, aa, bb, pp)
+    aa.copy_(aa2)
+    bb.copy_(bb2)
+    pp.copy_(pp2)
+    return y
+
+
+def wkv5_forward(state, r, k, v, w, u):
+    """RWKV-5.x recurrence. state [H, N, N] fp32 (key i, value j), in place; r, k, v: [T, H*N]
+    fp32; w, u: [H, N] fp32. Returns y [T, H*N] fp32."""
+    _checks.validate_wkv5(state, r, k, v, w, u)
+    y, S = wkv56_math(state, r, k, v, w, u)
+    state.copy_(S)
+    return y
+
+
+def wkv6_forward(state, r, k, v, w, u):
+    """RWKV-6 recurrence: as wkv5_forward with w [T, H*N] fp32 (a decay per token)."""
+    _checks.validate_wkv6(state, r, k, v, w, u)
+    y, S = wkv56_math(state, r, k, v, w, u)
+    state.copy_(S)
+    return y
+
+
+def wkv7_forward(state, r, w, k, v, a, b):
+    """RWKV-7 recurrence. state [H, N, N] fp32 (value i, key j), in place; r, w, k, v, a, b:
+    [T, H*N] fp32. Returns y [T, H*N] fp32."""
+    _checks.validate_wkv7(state, r, w, k, v, a, b)
+    y, S = wkv7_math(state, r, w, k, v, a, b)
+    state.copy_(S)
+    return y
+
+
+def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):
+    _checks.validate_mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim)
+    f = torch.float32
+    return mm8_math(x.to(f), w, mx.to(f), rx.to(f), my.to(f), ry.to(f)).to(x.dtype)
+
+
+def mm8_one(x, w, mx, rx, my, ry):
+    """Int8 matrix-vector product. x [N] fp32|bf16|fp16; w [N, M] uint8; mx, rx [M]; my, ry
+    [N, 1] in x's dtype. fp32 compute. Returns y [M] in x's dtype."""
+    return _mm8("mm8_one", x, w, mx, rx, my, ry, "[N]", 1)
+
+
+def mm8_seq(x, w, mx, rx, my, ry):
+    """Int8 matrix product. x [T, N]; otherwise as mm8_one. Returns y [T, M] in x's dtype."""
+    return _mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
+
+
+def gemm_fp16(a, b, fp32_out):
+    """a [T, K] fp16 @ b [K, M] fp16 with fp32 accumulation; [T, M] fp32 if fp32_out else fp16."""
+    _checks.validate_gemm_fp16(a, b)
+    y = a.to(torch.float32) @ b.to(torch.float32)
+    return y if fp32_out else y.to(torch.float16)

@@ -1,0 +1,53 @@
+"""Helpers for the op tests: picking an implementation, random inputs, fp32-vs-float64 checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rwkv import ops
+from rwkv.ops import _backend
+
+IMPLS = ("compiled", "reference")
+
+
+def has_compiled(op: str, device: str) -> bool:
+    _backend._load()
+    return _backend.has_kernel(op, _backend._dispatch_key(device))
+
+
+def implementation(op: str, impl: str, device: str):
+    """The op's callable for impl "compiled" (skips the test without a kernel) or "reference"."""
+    if impl == "compiled" and not has_compiled(op, device):
+        pytest.skip(f"no compiled {op} kernel for {device}: {ops.backend_report().splitlines()[0]}")
+    return ops.resolve(op, device, impl)
+
+
+def compiled_or_skip(op: str, device: str = "cpu"):
+    return implementation(op, "compiled", device)
+
+
+def uniform(shape, rng, lo=-1.0, hi=1.0, device="cpu", dtype=torch.float32):
+    t = torch.rand(shape, generator=rng, dtype=torch.float64) * (hi - lo) + lo
+    return t.to(device=device, dtype=dtype)
+
+
+def f64(*tensors):
+    return [t.double() for t in tensors]
+
+
+def assert_close_f32(actual, expected64, rtol=2e-5, atol=2e-5):
+    """fp32 result against a float64 evaluation of the spec; atol scales with the result."""
+    assert actual.dtype == torch.float32, actual.dtype
+    scale = max(1.0, float(expected64.abs().max())) if expected64.numel() else 1.0
+    torch.testing.assert_close(actual.double().cpu(), expected64.cpu(), rtol=rtol,
+                               atol=atol * scale)
+
+
+def assert_low_precision_ok(actual, expected64, low_precision_ref):
+    """bf16/fp16: the max error vs float64 may be at most 2x that of the spec run in the low
+    precision (plus one ulp of slack for tiny results)."""
+    err = (actual.double() - expected64).abs().max().item()
+    err_low = (low_precision_ref.double() - expected64).abs().max().item()
+    ulp = torch.finfo(actual.dtype).eps * max(1.0, expected64.abs().max().item())
+    assert err <= 2 * err_low + ulp, (err, err_low)

@@ -1,0 +1,113 @@
+"""rwkv.ops backend: resolve() modes and warnings, backend_report(), cpu_isa(), the ISA hook."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from ops_testlib import has_compiled
+
+from rwkv import ops
+from rwkv.ops import _backend, _testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_python(code, **env):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **env}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_resolve_rejects_unknown_names_and_modes():
+    with pytest.raises(ValueError, match="resolve: name must be one of wkv4_forward"):
+        ops.resolve("wkv9_forward", "cpu")
+    with pytest.raises(ValueError, match="resolve: mode must be one of auto, compiled, reference"):
+        ops.resolve("wkv7_forward", "cpu", "fast")
+
+
+def test_resolve_reference_and_compiled():
+    assert ops.resolve("wkv7_forward", "cpu", "reference") is ops.reference.wkv7_forward
+    if has_compiled("wkv7_forward", "cpu"):
+        assert ops.resolve("wkv7_forward", "cpu", "compiled") is torch.ops.rwkv.wkv7_forward.default
+        assert ops.resolve("wkv7_forward", "cpu") is torch.ops.rwkv.wkv7_forward.default
+
+
+def test_auto_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(_backend, "_resolved", {})
+    monkeypatch.setattr(_backend, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="slow pure-torch reference for mm8_one on 'xpu'"):
+        assert ops.resolve("mm8_one", "xpu") is ops.reference.mm8_one
+    _backend._resolved.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.resolve("mm8_one", "xpu")
+    with pytest.raises(RuntimeError, match="no compiled mm8_one kernel for device type 'xpu'"):
+        ops.resolve("mm8_one", "xpu", "compiled")
+
+
+def test_backend_report_summary_line():
+    first = ops.backend_report().splitlines()[0]
+    if has_compiled("wkv7_forward", "cpu"):
+        assert first.startswith(f"compiled (cpu: {ops.cpu_isa()}")
+        assert ops.cpu_isa() in _testing.ISAS
+    else:
+        assert first.startswith("reference only: ")
+    for op in ops.OPS:
+        assert f"  {op}: cpu=" in ops.backend_report()
+
+
+def test_force_cpu_isa_restores_previous(cpu_isa):
+    before = ops.cpu_isa()
+    with _testing.force_cpu_isa(cpu_isa) as active:
+        assert ops.cpu_isa() == active == cpu_isa
+    assert ops.cpu_isa() == before
+
+
+def test_force_cpu_isa_rejects_bad_names():
+    with pytest.raises(ValueError, match="force_cpu_isa: isa must be one of scalar, avx2, avx512"):
+        with _testing.force_cpu_isa("sse9"):
+            pass
+    if not has_compiled("wkv7_forward", "cpu"):
+        pytest.skip("no compiled CPU kernels")
+    with pytest.raises(RuntimeError, match="_set_cpu_isa: isa must be scalar, avx2, avx512"):
+        torch.ops.rwkv._set_cpu_isa("neon")
+    if "avx512" not in _testing.supported_cpu_isas():
+        with pytest.raises(RuntimeError, match="not supported by this CPU"):
+            with _testing.force_cpu_isa("avx512"):
+                pass
+
+
+def test_import_does_not_load_the_extension():
+    out = run_python("import sys, rwkv.ops; print('rwkv._C' in sys.modules)")
+    assert out.stdout.strip() == "False"
+
+
+def test_env_caps_the_isa_and_ignores_invalid_values():
+    if not has_compiled("wkv7_forward", "cpu"):
+        pytest.skip("no compiled CPU kernels")
+    out = run_python("import rwkv.ops as o; print(o.cpu_isa())", RWKV_CPU_ISA="scalar")
+    assert out.stdout.strip() == "scalar"
+    out = run_python("import rwkv.ops as o; print(o.cpu_isa())", RWKV_CPU_ISA="sse9")
+    assert out.stdout.strip() == _backend.cpu_isa() or out.stdout.strip() in _testing.ISAS
+    assert "RWKV_CPU_ISA must be scalar, avx2 or avx512, got 'sse9'" in out.stderr
+
+
+def test_reference_only_when_extension_is_missing():
+    code = (
+        "import sys, warnings, torch; sys.modules['rwkv._C'] = None\n"
+        "import rwkv.ops as o\n"
+        "print(o.backend_report().splitlines()[0]); print(o.cpu_isa())\n"
+        "s = torch.zeros(1, 2, 2); x = torch.ones(1, 2)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    o.wkv7(s, x, x, x, x, x, x); o.wkv7(s, x, x, x, x, x, x)\n"
+        "print(len(w), w[0].message)\n"
+    )
+    lines = run_python(code).stdout.splitlines()
+    assert lines[0].startswith("reference only: rwkv._C is not built")
+    assert lines[1] == "none"
+    assert lines[2].startswith("1 rwkv.ops: using the slow pure-torch reference for wkv7_forward")
