@@ -1,0 +1,128 @@
+"""Token sampling with upstream 0.8.32's exact rules (``PIPELINE.sample_logits``), plus validation and
+an optional explicit random generator.
+
+Upstream's rule, reproduced step by step so that the same numpy seed picks the same token:
+
+1. ``temperature == 0`` means greedy: temperature 1 and ``top_p = 0`` (``top_k`` still applies).
+2. ``probs = softmax(logits.float())``.
+3. CPU (and DirectML ``privateuseone``) tensors: numpy float32. The cutoff is the probability of the
+   first entry, in descending order, whose cumulative sum reaches ``top_p``; when none does (the
+   float32 sum of a large vocabulary ends just below 1.0, so ``top_p = 1.0`` usually lands here), the
+   first entry's, i.e. greedy. Entries below the cutoff are zeroed (ties kept); ``0 < top_k < V`` keeps
+   the ``top_k`` last entries of ``np.argsort``; then ``probs ** (1 / temperature)`` (temperature acts
+   on the truncated probabilities), normalise, ``np.random.choice`` on the global numpy RNG.
+4. Other devices: the same in torch, drawn with ``torch.multinomial`` (the device's torch RNG).
+
+Extras (keyword-only): ``generator`` — ``None`` (upstream: global RNG), an ``int`` seed (a fresh
+``np.random.RandomState(seed)`` on CPU, so it equals ``np.random.seed(seed)`` + upstream; a
+``torch.Generator`` seeded with it on other devices), a ``np.random.RandomState``/``Generator`` or a
+``torch.Generator``; ``vocab_size`` — when given, logits must have exactly that many entries.
+Errors are ``ValueError``: logits not 1-D, wrong size, NaN, nothing finite, negative temperature.
+"""
+
+import numpy as np
+import torch
+
+__all__ = ["sample_logits", "resolve_generator", "check_logits"]
+
+_NUMPY_DEVICES = ("cpu", "privateuseone")
+
+
+def check_logits(logits, vocab_size=None):
+    """Validate a logits vector; returns it as a torch tensor (numpy arrays are accepted too)."""
+    if isinstance(logits, np.ndarray):
+        logits = torch.from_numpy(logits)
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 1:
+        raise ValueError(f"logits must be a 1-D tensor of vocabulary size, got shape {tuple(logits.shape)}"
+                         " (for full_output=True results pick one row, e.g. out[-1])")
+    if vocab_size is not None and logits.shape[0] != vocab_size:
+        raise ValueError(f"logits have {logits.shape[0]} entries but the vocabulary has {vocab_size}")
+    if logits.is_floating_point() and bool(torch.isnan(logits).any()):
+        raise ValueError("logits contain NaN (the model output is broken, e.g. fp16 overflow)")
+    if logits.shape[0] == 0:
+        raise ValueError("logits are empty")
+    return logits
+
+
+def resolve_generator(generator, device):
+    """Turn an int seed into a generator suited to ``device``; pass other generators through."""
+    if generator is None or isinstance(generator, (np.random.RandomState, np.random.Generator,
+                                                   torch.Generator)):
+        return generator
+    if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
+        device = torch.device(device)
+        if device.type in _NUMPY_DEVICES:
+            return np.random.RandomState(int(generator) % 2**32)
+        return torch.Generator(device=device).manual_seed(int(generator))
+    raise TypeError("generator must be None, an int seed, a numpy RandomState/Generator or a "
+                    f"torch.Generator, got {type(generator).__name__}")
+
+
+def sample_logits(logits, temperature=1.0, top_p=0.85, top_k=0, *, generator=None, vocab_size=None):
+    """Sample one token id from ``logits`` (see the module docstring for the exact rule)."""
+    logits = check_logits(logits, vocab_size)
+    temperature = float(temperature)
+    if temperature != temperature or temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        temperature, top_p = 1.0, 0
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_k = int(top_k)
+    generator = resolve_generator(generator, probs.device)
+    if probs.device.type in _NUMPY_DEVICES:
+        return _sample_numpy(probs.cpu().numpy(), temperature, top_p, top_k, generator)
+    return _sample_torch(probs, temperature, top_p, top_k, generator)
+
+
+def _sample_numpy(probs, temperature, top_p, top_k, generator):
+    order = np.argsort(probs)
+    descending = probs[order][::-1]
+    reached = np.cumsum(descending) >= top_p
+    cutoff = float(descending[np.argmax(reached)])  # no entry reaches top_p -> index 0 -> greedy
+    probs[probs < cutoff] = 0
+    if 0 < top_k < len(probs):
+        probs[order[:-top_k]] = 0
+    if temperature != 1.0:
+        probs = probs ** (1.0 / temperature)
+    total = np.sum(probs)
+    if not np.isfinite(total) or total <= 0:
+        raise ValueError("no token has a usable probability (all logits -inf, or the temperature is "
+                         f"so small that the kept probabilities underflow: temperature={temperature})")
+    probs = probs / total
+    if generator is None:
+        return int(np.random.choice(a=len(probs), p=probs))
+    if isinstance(generator, (np.random.RandomState, np.random.Generator)):
+        return int(generator.choice(len(probs), p=probs))
+    return _draw_from_cdf(np.cumsum(probs, dtype=np.float64), generator)
+
+
+def _sample_torch(probs, temperature, top_p, top_k, generator):
+    order = torch.argsort(probs)
+    descending = torch.flip(probs[order], dims=(0,))
+    reached = torch.cumsum(descending, dim=-1).cpu().numpy() >= top_p
+    cutoff = float(descending[int(np.argmax(reached))])
+    probs[probs < cutoff] = 0
+    if 0 < top_k < len(probs):
+        probs[order[:-top_k]] = 0
+    if temperature != 1.0:
+        probs = probs ** (1.0 / temperature)
+    total = float(probs.sum())
+    if not np.isfinite(total) or total <= 0:
+        raise ValueError("no token has a usable probability (all logits -inf, or the temperature is "
+                         f"so small that the kept probabilities underflow: temperature={temperature})")
+    if generator is None or isinstance(generator, torch.Generator):
+        return int(torch.multinomial(probs, num_samples=1, generator=generator)[0])
+    cdf = np.cumsum(probs.double().cpu().numpy())
+    return _draw_from_cdf(cdf, generator)
+
+
+def _draw_from_cdf(cdf, generator):
+    """One uniform draw from ``generator`` mapped through a (not yet normalised) float64 CDF."""
+    if isinstance(generator, torch.Generator):
+        u = float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
+    else:
+        u = float(generator.random())
+    cdf = cdf / cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))

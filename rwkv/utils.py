@@ -1,0 +1,149 @@
+"""``PIPELINE`` and ``PIPELINE_ARGS``: drop-in for upstream ``rwkv.utils`` (0.8.32).
+
+Same signatures, defaults and results as upstream (see docs/pipeline.md). This module never imports
+``rwkv.model``: users set environment variables between ``import rwkv.utils`` and
+``from rwkv.model import RWKV``.
+
+Deliberate deviations from upstream:
+
+* The World vocabulary (``'rwkv_vocab_v20230424'``) is loaded without touching ``sys.path`` (upstream
+  prepends the package directory on every construction, which can shadow the user's own ``model.py``
+  or ``utils.py``); ``type(pipeline.tokenizer).__module__`` is ``rwkv.rwkv_tokenizer``.
+* A ``WORD_NAME`` that is neither a known name nor an existing file raises ``FileNotFoundError``
+  listing what is accepted; an unreadable tokenizer file raises ``ValueError``; ``cl100k_base``
+  without tiktoken raises ``ImportError`` saying how to install it.
+* ``generate`` with a prompt that encodes to no tokens raises ``ValueError`` (upstream:
+  ``UnboundLocalError``); ``sample_logits`` raises ``ValueError`` for logits that are not 1-D, do
+  not match the model's vocabulary size, contain NaN or leave nothing to sample.
+
+Extras, all keyword-only so upstream calls are unchanged: ``sample_logits(..., generator=)``,
+``decode(..., strict=True)``, ``generate(..., stop=, generator=, cache=, return_state=)`` and
+``generate_stream(...)`` (see ``rwkv.generation``).
+"""
+
+import os
+
+from .generation import GenerationStream
+from .rwkv_tokenizer import WORLD_VOCAB_FILE, TRIE_TOKENIZER
+from .sampling import sample_logits as _sample_logits
+
+__all__ = ["PIPELINE", "PIPELINE_ARGS"]
+
+WORLD_VOCAB_NAME = "rwkv_vocab_v20230424"
+TIKTOKEN_NAME = "cl100k_base"
+
+
+class PIPELINE_ARGS:
+    # The list defaults are shared between instances, exactly as upstream's are.
+    def __init__(self, temperature=1.0, top_p=0.85, top_k=0, alpha_frequency=0.2, alpha_presence=0.2,
+                 alpha_decay=0.996, token_ban=[], token_stop=[], chunk_len=256):  # noqa: B006
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.alpha_frequency = alpha_frequency  # frequency penalty (as in GPT-3)
+        self.alpha_presence = alpha_presence    # presence penalty (as in GPT-3)
+        self.alpha_decay = alpha_decay          # multiplies every penalty count once per step
+        self.token_ban = token_ban              # logits of these ids are set to -inf
+        self.token_stop = token_stop            # sampling one of these ids ends generation
+        self.chunk_len = chunk_len              # the prompt is fed in chunks of this many tokens
+
+    def __repr__(self):
+        return "PIPELINE_ARGS(" + ", ".join(f"{k}={v!r}" for k, v in vars(self).items()) + ")"
+
+
+def _load_tokenizer(word_name):
+    if word_name == TIKTOKEN_NAME:
+        try:
+            import tiktoken
+        except ImportError:
+            raise ImportError("PIPELINE(model, 'cl100k_base') needs the tiktoken package: "
+                              "pip install tiktoken") from None
+        return tiktoken.get_encoding(word_name)
+    if word_name == WORLD_VOCAB_NAME:
+        return TRIE_TOKENIZER(WORLD_VOCAB_FILE)
+    path = os.fspath(word_name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"PIPELINE: unknown tokenizer {word_name!r}: not a file (relative paths resolve against "
+            f"the current directory {os.getcwd()!r}). Accepted: {WORLD_VOCAB_NAME!r} (the World "
+            f"vocabulary shipped with rwkv), {TIKTOKEN_NAME!r} (needs tiktoken), or the path of a "
+            "HuggingFace tokenizers JSON file such as 20B_tokenizer.json, or of a World-format .txt "
+            "vocabulary")
+    if path.endswith(".txt"):
+        return TRIE_TOKENIZER(path)
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception for unreadable JSON
+        raise ValueError(f"PIPELINE: {path!r} is not a valid tokenizers JSON file: {e}") from e
+
+
+class PIPELINE:
+    def __init__(self, model, WORD_NAME):
+        self.model = model
+        self.tokenizer = _load_tokenizer(WORD_NAME)
+
+    def refine_context(self, context):
+        lines = (line.strip().strip("\u3000").strip("\r") for line in context.strip().split("\n"))
+        context = "\n" + "\n".join(line for line in lines if line != "").strip()
+        return context
+
+    def _is_hf(self):
+        return "Tokenizer" in str(type(self.tokenizer))  # upstream's dispatch rule
+
+    def encode(self, x):
+        if self._is_hf():
+            return self.tokenizer.encode(x).ids
+        return self.tokenizer.encode(x)
+
+    def decode(self, x, *, strict=False):
+        """Token ids -> text. ``strict=True``: ``ValueError`` for ids outside the vocabulary (and,
+        for the World tokenizer, for invalid UTF-8) instead of upstream's lenient result."""
+        if strict:
+            if hasattr(self.tokenizer, "decode_strict"):
+                return self.tokenizer.decode_strict(x)
+            x = list(x)
+            size = self.vocab_size_of_tokenizer()
+            for pos, i in enumerate(x):
+                if not isinstance(i, int) or not 0 <= i < size:
+                    raise ValueError(f"token id {i!r} at position {pos} is outside the vocabulary "
+                                     f"(valid ids: 0..{size - 1})")
+        return self.tokenizer.decode(x)
+
+    def vocab_size_of_tokenizer(self):
+        tok = self.tokenizer
+        if hasattr(tok, "idx2token"):
+            return max(tok.idx2token) + 1
+        if hasattr(tok, "get_vocab_size"):
+            return tok.get_vocab_size()
+        return tok.n_vocab
+
+    def model_vocab_size(self):
+        """The model's vocabulary size (logits length) when the model tells it, else None."""
+        args = getattr(self.model, "args", None)
+        size = getattr(args, "vocab_size", None)
+        if size is None:
+            weights = getattr(self.model, "w", None) or getattr(self.model, "z", None)
+            emb = weights.get("emb.weight") if isinstance(weights, dict) else None
+            size = emb.shape[0] if emb is not None else None
+        return int(size) if size is not None else None
+
+    def sample_logits(self, logits, temperature=1.0, top_p=0.85, top_k=0, *, generator=None):
+        return _sample_logits(logits, temperature, top_p, top_k, generator=generator,
+                              vocab_size=self.model_vocab_size())
+
+    def generate(self, ctx, token_count=100, args=PIPELINE_ARGS(), callback=None, state=None, *,  # noqa: B008
+                 stop=None, generator=None, cache=None, return_state=False):
+        """Upstream's generate (returns the text). ``return_state=True`` returns ``(text, state)``,
+        where the state covers the prompt and every generated token."""
+        stream = GenerationStream(self, ctx, token_count, args, callback, state, stop=stop,
+                                  generator=generator, cache=cache, complete_state=return_state)
+        result = stream.run()
+        return (result.text, result.state) if return_state else result.text
+
+    def generate_stream(self, ctx, token_count=100, args=None, callback=None, state=None, *, stop=None,
+                        generator=None, cache=None):
+        """Iterator over text pieces as they become valid UTF-8; ``.result`` afterwards holds a
+        ``GenerationResult`` (text, tokens, state after prompt + tokens, logits, stop reason)."""
+        return GenerationStream(self, ctx, token_count, args if args is not None else PIPELINE_ARGS(),
+                                callback, state, stop=stop, generator=generator, cache=cache)
