@@ -1,0 +1,48 @@
+// Host-side entry points of the CUDA kernels: raw pointers, sizes and a stream, no torch types.
+// Implemented in the torch-free csrc/cuda/*.cu files and called by the torch glue in
+// csrc/cuda/*_op.cpp, which validates every argument before calling (these functions trust
+// their inputs: contiguous, on the current device, sizes already checked).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cstdint>
+
+namespace rwkv {
+namespace cuda {
+
+// Head sizes N compiled for wkv5/6/7 (see RWKV_HEAD_SIZE_SWITCH in dispatch.cuh).
+inline bool wkv_head_size_supported(int64_t n) {
+  return n == 16 || n == 32 || n == 64 || n == 128 || n == 256;
+}
+constexpr const char* kWkvHeadSizes = "16, 32, 64, 128, 256";
+
+// wkv4: w, u [C]; k, v, y [T, C]; aa, bb, pp [C] updated in place. All fp32.
+void wkv4_forward(int64_t T, int64_t C, const float* w, const float* u, const float* k,
+                  const float* v, float* y, float* aa, float* bb, float* pp, cudaStream_t stream);
+
+// wkv5: state [H, N, N] ([head, key, value]) in place; r, k, v, y [T, H*N]; w, u [H, N]. fp32.
+void wkv5_forward(int64_t T, int64_t H, int64_t N, float* state, const float* r, const float* k,
+                  const float* v, const float* w, const float* u, float* y, cudaStream_t stream);
+
+// wkv6: as wkv5 but w [T, H*N] (a decay factor per token).
+void wkv6_forward(int64_t T, int64_t H, int64_t N, float* state, const float* r, const float* k,
+                  const float* v, const float* w, const float* u, float* y, cudaStream_t stream);
+
+// wkv7: state [H, N, N] ([head, value, key]) in place; r, w, k, v, a, b, y [T, H*N]. fp32.
+void wkv7_forward(int64_t T, int64_t H, int64_t N, float* state, const float* r, const float* w,
+                  const float* k, const float* v, const float* a, const float* b, float* y,
+                  cudaStream_t stream);
+
+// Activation dtype of mm8 (x, mx, rx, my, ry and y share it).
+enum class Act { f32, f16, bf16 };
+
+// mm8: y [T, M] (row stride ldy) = x [T, N] (row stride ldx) times the int8 matrix w [N, M]
+// stored column-major (column m = N contiguous bytes at w + m * N); mx, rx [M]; my, ry [N].
+// `vec` selects 16-byte loads: the caller guarantees N % 16 == 0, ldx % 16 == 0 and 16-byte
+// aligned x, w, my, ry. Deterministic: every output is reduced in a fixed order.
+void mm8_forward(Act act, int64_t T, int64_t N, int64_t M, const void* x, int64_t ldx,
+                 const uint8_t* w, const void* mx, const void* rx, const void* my, const void* ry,
+                 void* y, int64_t ldy, bool vec, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace rwkv
