@@ -76,7 +76,8 @@ def sample_logits(logits, temperature=1.0, top_p=0.85, top_k=0, *, generator=Non
     return _sample_torch(probs, temperature, top_p, top_k, generator)
 
 
-def _sample_numpy(probs, temperature, top_p, top_k, generator):
+def _truncate_numpy(probs, temperature, top_p, top_k):
+    """Upstream's CPU rule on a float32 numpy vector (modified in place): cut, top_k, temperature."""
     order = np.argsort(probs)
     descending = probs[order][::-1]
     reached = np.cumsum(descending) >= top_p
@@ -86,19 +87,11 @@ def _sample_numpy(probs, temperature, top_p, top_k, generator):
         probs[order[:-top_k]] = 0
     if temperature != 1.0:
         probs = probs ** (1.0 / temperature)
-    total = np.sum(probs)
-    if not np.isfinite(total) or total <= 0:
-        raise ValueError("no token has a usable probability (all logits -inf, or the temperature is "
-                         f"so small that the kept probabilities underflow: temperature={temperature})")
-    probs = probs / total
-    if generator is None:
-        return int(np.random.choice(a=len(probs), p=probs))
-    if isinstance(generator, (np.random.RandomState, np.random.Generator)):
-        return int(generator.choice(len(probs), p=probs))
-    return _draw_from_cdf(np.cumsum(probs, dtype=np.float64), generator)
+    return probs
 
 
-def _sample_torch(probs, temperature, top_p, top_k, generator):
+def _truncate_torch(probs, temperature, top_p, top_k):
+    """Upstream's non-CPU rule, in torch on the tensor's device (modified in place)."""
     order = torch.argsort(probs)
     descending = torch.flip(probs[order], dims=(0,))
     reached = torch.cumsum(descending, dim=-1).cpu().numpy() >= top_p
@@ -108,10 +101,30 @@ def _sample_torch(probs, temperature, top_p, top_k, generator):
         probs[order[:-top_k]] = 0
     if temperature != 1.0:
         probs = probs ** (1.0 / temperature)
-    total = float(probs.sum())
+    return probs
+
+
+def _check_total(total, temperature):
     if not np.isfinite(total) or total <= 0:
         raise ValueError("no token has a usable probability (all logits -inf, or the temperature is "
                          f"so small that the kept probabilities underflow: temperature={temperature})")
+
+
+def _sample_numpy(probs, temperature, top_p, top_k, generator):
+    probs = _truncate_numpy(probs, temperature, top_p, top_k)
+    total = np.sum(probs)
+    _check_total(total, temperature)
+    probs = probs / total
+    if generator is None:
+        return int(np.random.choice(a=len(probs), p=probs))
+    if isinstance(generator, (np.random.RandomState, np.random.Generator)):
+        return int(generator.choice(len(probs), p=probs))
+    return _draw_from_cdf(np.cumsum(probs, dtype=np.float64), generator)
+
+
+def _sample_torch(probs, temperature, top_p, top_k, generator):
+    probs = _truncate_torch(probs, temperature, top_p, top_k)
+    _check_total(float(probs.sum()), temperature)
     if generator is None or isinstance(generator, torch.Generator):
         return int(torch.multinomial(probs, num_samples=1, generator=generator)[0])
     cdf = np.cumsum(probs.double().cpu().numpy())

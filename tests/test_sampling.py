@@ -1,0 +1,129 @@
+"""sample_logits semantics (upstream's rules; the same-seed comparison with upstream itself is in
+test_pipeline_upstream.py), validation errors and seeded repeatability."""
+
+import numpy as np
+import pytest
+import torch
+
+from rwkv import sampling
+from rwkv.sampling import resolve_generator, sample_logits
+
+
+def _logits(n, seed=0, scale=1.0):
+    return torch.tensor(np.random.RandomState(seed).randn(n).astype(np.float32) * scale)
+
+
+def _kept_set_numpy(logits, temperature, top_p, top_k):
+    """Which ids can be drawn: run the CPU rule many times with different seeds."""
+    return {sample_logits(logits, temperature, top_p, top_k, generator=s) for s in range(400)}
+
+
+def test_temperature_zero_is_greedy_and_top_p_one_is_greedy_on_cpu():
+    logits = _logits(65536, 1)
+    best = int(torch.argmax(logits))
+    assert {sample_logits(logits, 0, 0.9, generator=s) for s in range(20)} == {best}
+    assert {sample_logits(logits, 1.0, 0.0, generator=s) for s in range(20)} == {best}
+    # upstream quirk 13.29: when the float32 cumulative sum of the sorted probabilities ends below
+    # 1.0 (it does for some logits, not others), top_p = 1.0 is greedy; otherwise nothing is cut.
+    outcomes = set()
+    for seed in range(5):
+        logits = _logits(65536, seed)
+        probs = torch.softmax(logits, -1).numpy()
+        short = bool(np.cumsum(np.sort(probs)[::-1])[-1] < 1.0)
+        drawn = {sample_logits(logits, 1.0, 1.0, generator=s) for s in range(20)}
+        assert (drawn == {int(torch.argmax(logits))}) == short
+        assert short or len(drawn) == 20
+        outcomes.add(short)
+    assert outcomes == {True, False}
+
+
+def test_top_p_cutoff_keeps_exactly_the_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert _kept_set_numpy(logits, 1.0, 0.5, 0) == {0}       # 0.5 reaches 0.5 at the first entry
+    assert _kept_set_numpy(logits, 1.0, 0.79, 0) == {0, 1}
+    assert _kept_set_numpy(logits, 1.0, 0.81, 0) == {0, 1, 2}
+    assert _kept_set_numpy(logits, 1.0, 0.81, 2) == {0, 1}   # top_k after top_p
+    assert _kept_set_numpy(logits, 1.0, 0.0, 0) == {0}
+
+
+def test_ties_with_the_cutoff_are_kept():
+    logits = torch.zeros(6)
+    logits[[1, 4]] = 5.0
+    assert _kept_set_numpy(logits, 1.0, 0.1, 0) == {1, 4}
+
+
+def test_temperature_applies_to_truncated_probabilities():
+    logits = torch.log(torch.tensor([0.6, 0.4]))
+    rs = np.random.RandomState(0)
+    draws = [sample_logits(logits, 0.25, 1.0, generator=rs) for _ in range(2000)]
+    # p^(1/T) normalised: 0.6^4 / (0.6^4 + 0.4^4) = 0.835
+    assert 0.80 < draws.count(0) / len(draws) < 0.87
+
+
+def test_torch_path_applies_the_same_rule_as_numpy_path():
+    cases = [(1.0, 0.7, 0), (0.8, 0.95, 10), (1.5, 0.5, 3), (1.0, 1.0, 0), (0.5, 0.99, 100)]
+    for k, (temp, top_p, top_k) in enumerate(cases):
+        probs = torch.softmax(_logits(300, k), -1)
+        want = sampling._truncate_numpy(probs.clone().numpy(), temp, top_p, top_k)
+        got = sampling._truncate_torch(probs.clone(), temp, top_p, top_k).numpy()
+        assert np.array_equal(want > 0, got > 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+        assert (want > 0).sum() > 1
+        g = torch.Generator().manual_seed(0)
+        drawn = {sampling._sample_torch(probs.clone(), temp, top_p, top_k, g) for _ in range(50)}
+        assert drawn <= set(np.flatnonzero(want > 0).tolist())
+
+
+def test_seeded_sampling_is_repeatable_for_every_generator_kind():
+    logits = _logits(1000, 2, scale=2.0)
+    kinds = [lambda: 7, lambda: np.random.RandomState(7), lambda: np.random.default_rng(7),
+             lambda: torch.Generator().manual_seed(7)]
+    for make in kinds:
+        g1, g2 = make(), make()
+        a = [sample_logits(logits, 1.0, 0.95, generator=g1) for _ in range(30)]
+        b = [sample_logits(logits, 1.0, 0.95, generator=g2) for _ in range(30)]
+        assert a == b
+        if not isinstance(g1, int):
+            assert len(set(a)) > 3  # a stateful generator advances
+    np.random.seed(7)
+    assert sample_logits(logits, 1.0, 0.95) == sample_logits(logits, 1.0, 0.95, generator=7)
+
+
+def test_input_logits_untouched_and_numpy_accepted():
+    logits = _logits(100)
+    before = logits.clone()
+    sample_logits(logits, 0.7, 0.9, 5, generator=0)
+    assert torch.equal(before, logits)
+    assert sample_logits(logits.numpy(), 0, 0.9) == int(torch.argmax(logits))
+    assert sample_logits(logits.half(), 0, 0.9) == int(torch.argmax(logits.half().float()))
+
+
+@pytest.mark.parametrize("bad,kwargs,match", [
+    (torch.zeros(2, 5), {}, r"1-D tensor .* got shape \(2, 5\)"),
+    (torch.zeros(()), {}, r"1-D tensor .* got shape \(\)"),
+    (torch.zeros(5), {"vocab_size": 6}, r"logits have 5 entries but the vocabulary has 6"),
+    (torch.tensor([0.0, float("nan"), 1.0]), {}, "NaN"),
+    (torch.full((4,), -float("inf")), {}, "no token has a usable probability"),
+    (torch.zeros(0), {}, "empty"),
+    (torch.zeros(4), {"temperature": -1.0}, "temperature must be >= 0"),
+])
+def test_bad_inputs_raise_value_error(bad, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sample_logits(bad, **kwargs)
+
+
+def test_underflowing_temperature_is_a_clear_error():
+    logits = torch.zeros(2)  # both kept at p = 0.5; 0.5 ** 1000 underflows float32
+    with pytest.raises(ValueError, match="underflow"):
+        sample_logits(logits, temperature=1e-3, top_p=0.9)
+
+
+def test_resolve_generator():
+    assert isinstance(resolve_generator(3, "cpu"), np.random.RandomState)
+    assert resolve_generator(None, "cpu") is None
+    with pytest.raises(TypeError):
+        resolve_generator("seed", "cpu")
+    with pytest.raises(TypeError):
+        resolve_generator(True, "cpu")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        sample_logits([1.0, 2.0])
