@@ -74,8 +74,10 @@ def run_upstream(code: str, *args: str) -> str:
     """Run code with the isolated upstream package (never our repo) on sys.path."""
     env = dict(os.environ, RWKV_V7_ON="1", RWKV_JIT_ON="1", RWKV_CUDA_ON="0")
     env.pop("PYTHONPATH", None)
-    pre = ("import sys; sys.path = [p for p in sys.path if p not in ('', %r)]; "
-           "sys.path.insert(0, %r)\n" % (lib.REPO, os.path.join(lib.REPO, ".upstream")))
+    pre = ("import os, sys\ndrop = {os.path.realpath(os.path.join(%r, d)) for d in ('', 'tools', 'tests')}\n"
+           "sys.path[:] = [%r] + [p for p in sys.path if p and os.path.realpath(p) not in drop]\n"
+           "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+           % (lib.REPO, os.path.join(lib.REPO, ".upstream")))
     r = subprocess.run([sys.executable, "-c", pre + code, *args], env=env, cwd="/tmp",
                        capture_output=True, text=True)
     if r.returncode != 0:
@@ -86,6 +88,7 @@ def run_upstream(code: str, *args: str) -> str:
 UPSTREAM_LOGITS = r"""
 import json, torch
 from rwkv.model import RWKV
+assert os.path.realpath(sys.modules["rwkv"].__file__).startswith(os.path.realpath(sys.path[0]))
 m = RWKV(sys.argv[1], "cpu fp32")
 toks = json.load(open(sys.argv[2]))
 out, _ = m.forward(toks, None, full_output=True)
