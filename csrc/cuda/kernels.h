@@ -10,11 +10,9 @@
 namespace rwkv {
 namespace cuda {
 
-// Head sizes N compiled for wkv5/6/7 (see RWKV_HEAD_SIZE_SWITCH in dispatch.cuh).
-inline bool wkv_head_size_supported(int64_t n) {
-  return n == 16 || n == 32 || n == 64 || n == 128 || n == 256;
-}
-constexpr const char* kWkvHeadSizes = "16, 32, 64, 128, 256";
+// Largest head size N of the wkv5/6/7 kernels. Any N in [1, 256] runs: the kernels are compiled
+// for N = 16, 32, 64, 128, 256 and mask the channels beyond N (RWKV_HEAD_SIZE_SWITCH).
+constexpr int64_t kWkvMaxHeadSize = 256;
 
 // wkv4: w, u [C]; k, v, y [T, C]; aa, bb, pp [C] updated in place. All fp32.
 void wkv4_forward(int64_t T, int64_t C, const float* w, const float* u, const float* k,

@@ -41,7 +41,7 @@ at::Tensor wkv56_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
                    wc = w.contiguous(), uc = u.contiguous();
   at::Tensor y = at::empty({T, H * N}, r.options());
-  if (H == 0) return y;
+  if (H == 0 || N == 0) return y;
   const auto launch = kPerTokenW ? &rwkv::cuda::wkv6_forward : &rwkv::cuda::wkv5_forward;
   launch(T, H, N, state.data_ptr<float>(), rc.data_ptr<float>(), kc.data_ptr<float>(),
          vc.data_ptr<float>(), wc.data_ptr<float>(), uc.data_ptr<float>(), y.data_ptr<float>(),

@@ -36,7 +36,7 @@ at::Tensor wkv7_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::T
   const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
                    vc = v.contiguous(), ac = a.contiguous(), bc = b.contiguous();
   at::Tensor y = at::empty({T, H * N}, r.options());
-  if (H == 0) return y;
+  if (H == 0 || N == 0) return y;
   rwkv::cuda::wkv7_forward(T, H, N, state.data_ptr<float>(), rc.data_ptr<float>(),
                            wc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(),
                            ac.data_ptr<float>(), bc.data_ptr<float>(), y.data_ptr<float>(),

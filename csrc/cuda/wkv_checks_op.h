@@ -1,5 +1,5 @@
 // Checks shared by the wkv5/6/7 CUDA glue (wkv56_op.cpp, wkv7_op.cpp), in the order and words of
-// rwkv/ops/_checks.py (macros from csrc/common/checks.h), plus the CUDA-only head size rule.
+// rwkv/ops/_checks.py (macros from csrc/common/checks.h), plus the CUDA-only head size limit.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,9 +19,9 @@
   const int64_t H = state.size(0), N = state.size(1);                                     \
   RWKV_CHECK_SHAPE(op, state, "[H, N, N]", H, N, N);                                      \
   RWKV_CHECK_CONTIGUOUS(op, state);                                                       \
-  TORCH_CHECK(::rwkv::cuda::wkv_head_size_supported(N), op,                               \
-              ": state must have a head size N (state.size(1)) of ",                      \
-              ::rwkv::cuda::kWkvHeadSizes, " on CUDA, got ", N)
+  TORCH_CHECK(N <= ::rwkv::cuda::kWkvMaxHeadSize, op,                                     \
+              ": state must have a head size N (state.size(1)) of at most ",              \
+              ::rwkv::cuda::kWkvMaxHeadSize, " on CUDA, got ", N)
 
 // r: the first [T, H*N] argument; declares T.
 #define RWKV_CUDA_CHECK_T(op, r, T)        \
