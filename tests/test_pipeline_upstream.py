@@ -9,34 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from _fake_model import FAKE_MODEL_SRC, FakeModel
 from _upstream_subprocess import run_upstream
 from rwkv.utils import PIPELINE, PIPELINE_ARGS
 
 TOKENIZER_20B = "/work/shared/data/20B_tokenizer.json"
 
-# Executed here and in the upstream subprocess: a tiny deterministic stand-in for RWKV.forward with the
-# classic class's state semantics (the caller's list is updated in place and returned).
-FAKE_MODEL_SRC = r'''
-import torch
-class FakeModel:
-    def __init__(self, vocab, scale=3.0, boost=()):
-        self.vocab, self.scale, self.fed, self.boost = vocab, scale, 0, list(boost)
-    def forward(self, tokens, state, full_output=False):
-        if state is None:
-            state = [torch.zeros(1, dtype=torch.float64)]
-        h = int(state[0][0])
-        for t in tokens:
-            h = (h * 1000003 + int(t) + 1) % 2147483647
-        self.fed += len(tokens)
-        state[0][0] = h
-        g = torch.Generator().manual_seed(h)
-        out = torch.randn(self.vocab, generator=g) * self.scale
-        out[self.boost] += 8.0  # make these (whitespace/digit) tokens frequent
-        return out, state
-'''
-_ns = {}
-exec(FAKE_MODEL_SRC, _ns)
-FakeModel = _ns["FakeModel"]
 
 SAMPLE_CASES = [  # (vocab, logit scale, temperature, top_p, top_k)
     (65536, 1.0, 1.0, 0.85, 0), (65536, 1.0, 1.0, 1.0, 0), (65536, 3.0, 0.7, 0.5, 0), (65536, 3.0, 1.3, 0.9, 40),
