@@ -75,6 +75,13 @@ def test_mm8_threaded_large(rng):
     check(compiled_or_skip("mm8_seq"), 9, 512, 301, rng)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T,N,M", [(24, 40, 19), (40, 2100, 70), (33, 5, 300)])
+def test_mm8_seq_tiled_path(dtype, T, N, M, rng):
+    # From 24 rows on, mm8_seq converts column tiles to fp32 and uses at::mm (csrc/cpu/mm8.cpp).
+    check(compiled_or_skip("mm8_seq"), T, N, M, rng, dtype)
+
+
 def test_mm8_wrapper_picks_one_or_seq(rng):
     args1 = make_inputs(0, 20, 8, rng)
     args2 = make_inputs(3, 20, 8, rng)

@@ -1,0 +1,141 @@
+// The input rules of every op, shared by the CPU and CUDA glue (one copy, not one per backend).
+// Same order and words as rwkv/ops/_checks.py, so every backend rejects bad input with the same
+// message. Each check_<op> validates all sizes before any pointer is touched and returns them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <initializer_list>
+#include <utility>
+
+#include "common/checks.h"
+
+namespace rwkv {
+
+using NamedTensor = std::pair<const char*, const at::Tensor*>;
+
+// Every tensor must be on the first one's device.
+inline void check_same_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  const NamedTensor& first = *tensors.begin();
+  for (const NamedTensor& t : tensors) {
+    TORCH_CHECK(t.second->device() == first.second->device(), op, ": ", t.first,
+                " must be on the same device as ", first.first, " (", first.second->device(),
+                "), got ", t.second->device());
+  }
+}
+
+// Each tensor must be float32 with shape [rows, cols]; `pattern` names the dimensions.
+inline void check_rows(const char* op, const char* pattern, std::initializer_list<NamedTensor> tensors,
+                       int64_t rows, int64_t cols) {
+  for (const NamedTensor& t : tensors) {
+    const at::Tensor& x = *t.second;
+    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", t.first, " must be float32, got ",
+                dtype_name(x.scalar_type()));
+    TORCH_CHECK(x.dim() == 2 && x.size(0) == rows && x.size(1) == cols, op, ": ", t.first,
+                " must have shape ", pattern, " = [", rows, ", ", cols, "], got ", x.sizes());
+  }
+}
+
+struct Wkv4Dims { int64_t T, C; };
+
+inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& aa, const at::Tensor& bb,
+                           const at::Tensor& pp) {
+  const char* op = "wkv4_forward";
+  check_same_device(op, {{"k", &k}, {"w", &w}, {"u", &u}, {"v", &v}, {"aa", &aa}, {"bb", &bb},
+                         {"pp", &pp}});
+  RWKV_CHECK_DTYPE(op, k, at::kFloat);
+  RWKV_CHECK_DIM(op, k, "[T, C]", 2);
+  const int64_t T = k.size(0), C = k.size(1);
+  check_rows(op, "[T, C]", {{"v", &v}}, T, C);
+  for (const NamedTensor& t : {NamedTensor{"w", &w}, NamedTensor{"u", &u}, NamedTensor{"aa", &aa},
+                               NamedTensor{"bb", &bb}, NamedTensor{"pp", &pp}}) {
+    TORCH_CHECK(t.second->scalar_type() == at::kFloat, op, ": ", t.first,
+                " must be float32, got ", dtype_name(t.second->scalar_type()));
+    TORCH_CHECK(t.second->dim() == 1 && t.second->size(0) == C, op, ": ", t.first,
+                " must have shape [C] = [", C, "], got ", t.second->sizes());
+  }
+  RWKV_CHECK_CONTIGUOUS(op, aa);
+  RWKV_CHECK_CONTIGUOUS(op, bb);
+  RWKV_CHECK_CONTIGUOUS(op, pp);
+  return {T, C};
+}
+
+struct WkvDims { int64_t T, H, N; };
+
+// The [H, N, N] fp32 contiguous state of wkv5/6/7 and the T of r.
+inline WkvDims check_state_and_r(const char* op, const at::Tensor& state, const at::Tensor& r) {
+  RWKV_CHECK_DTYPE(op, state, at::kFloat);
+  RWKV_CHECK_DIM(op, state, "[H, N, N]", 3);
+  const int64_t H = state.size(0), N = state.size(1);
+  RWKV_CHECK_SHAPE(op, state, "[H, N, N]", H, N, N);
+  RWKV_CHECK_CONTIGUOUS(op, state);
+  RWKV_CHECK_DTYPE(op, r, at::kFloat);
+  RWKV_CHECK_DIM(op, r, "[T, H*N]", 2);
+  return {r.size(0), H, N};
+}
+
+// wkv5_forward (w_per_token = false, w [H, N]) and wkv6_forward (w [T, H*N]).
+inline WkvDims check_wkv56(const char* op, bool w_per_token, const at::Tensor& state,
+                           const at::Tensor& r, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& w, const at::Tensor& u) {
+  check_same_device(op, {{"state", &state}, {"r", &r}, {"k", &k}, {"v", &v}, {"w", &w},
+                         {"u", &u}});
+  const WkvDims d = check_state_and_r(op, state, r);
+  check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}}, d.T, d.H * d.N);
+  if (w_per_token) {
+    check_rows(op, "[T, H*N]", {{"w", &w}}, d.T, d.H * d.N);
+  } else {
+    RWKV_CHECK_DTYPE(op, w, at::kFloat);
+    RWKV_CHECK_SHAPE(op, w, "[H, N]", d.H, d.N);
+  }
+  RWKV_CHECK_DTYPE(op, u, at::kFloat);
+  RWKV_CHECK_SHAPE(op, u, "[H, N]", d.H, d.N);
+  return d;
+}
+
+inline WkvDims check_wkv7(const at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
+                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                          const at::Tensor& b) {
+  const char* op = "wkv7_forward";
+  check_same_device(op, {{"state", &state}, {"r", &r}, {"w", &w}, {"k", &k}, {"v", &v},
+                         {"a", &a}, {"b", &b}});
+  const WkvDims d = check_state_and_r(op, state, r);
+  check_rows(op, "[T, H*N]", {{"r", &r}, {"w", &w}, {"k", &k}, {"v", &v}, {"a", &a}, {"b", &b}},
+             d.T, d.H * d.N);
+  return d;
+}
+
+struct Mm8Dims { int64_t T, N, M; };
+
+// mm8_one (seq = false, x [N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.
+inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
+                         const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
+                         const at::Tensor& ry) {
+  check_same_device(op, {{"x", &x}, {"w", &w}, {"mx", &mx}, {"rx", &rx}, {"my", &my},
+                         {"ry", &ry}});
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
+              ": x must be float32, bfloat16 or float16, got ", dtype_name(dt));
+  if (seq) {
+    RWKV_CHECK_DIM(op, x, "[T, N]", 2);
+  } else {
+    RWKV_CHECK_DIM(op, x, "[N]", 1);
+  }
+  const int64_t N = x.size(-1);
+  RWKV_CHECK_DTYPE(op, w, at::kByte);
+  RWKV_CHECK_DIM(op, w, "[N, M]", 2);
+  const int64_t M = w.size(1);
+  RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
+  RWKV_CHECK_DTYPE_AS(op, mx, dt, " (x's dtype)");
+  RWKV_CHECK_SHAPE(op, mx, "[M]", M);
+  RWKV_CHECK_DTYPE_AS(op, rx, dt, " (x's dtype)");
+  RWKV_CHECK_SHAPE(op, rx, "[M]", M);
+  RWKV_CHECK_DTYPE_AS(op, my, dt, " (x's dtype)");
+  RWKV_CHECK_SHAPE(op, my, "[N, 1]", N, 1);
+  RWKV_CHECK_DTYPE_AS(op, ry, dt, " (x's dtype)");
+  RWKV_CHECK_SHAPE(op, ry, "[N, 1]", N, 1);
+  return {seq ? x.size(0) : 1, N, M};
+}
+
+}  // namespace rwkv
