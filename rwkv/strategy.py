@@ -66,6 +66,7 @@ _DTYPE_ALIASES = {
     "b16": "bf16",
     "bfp16": "bf16",
 }
+_SEPARATOR_LIKE = {"-", ">", "=>", "-->", "->>", "<-", "|", ",", ";", "/"}
 _DEVICE_ALIASES = {"gpu": "cuda", "cuda0": "cuda:0", "cuda1": "cuda:1"}
 
 
@@ -300,9 +301,14 @@ class _Parser:
 
         device = self._device(tokens[0][0], where, lambda m: fail_tok(m, 0))
         if len(tokens) < 2:
-            fail_tok(f"{where} has no dtype after the device; expected {DTYPES_HELP}, e.g. '{device} fp32'", 0)
+            fail_tok(f"{where} has no dtype after the device; expected {DTYPES_HELP}, "
+                     f"e.g. '{device} fp32'", 0)
         dtype, quant = self._dtype(tokens[1][0], where, lambda m: fail_tok(m, 1))
 
+        for k in range(2, len(tokens)):
+            if tokens[k][0] in _SEPARATOR_LIKE:
+                fail_tok(f"unexpected token '{tokens[k][0]}' in {where}; segments are separated by '->' "
+                         f"({SEGMENT_HELP})", k)
         count, stream = None, False
         if len(tokens) >= 3:
             tok = tokens[2][0]
@@ -321,11 +327,7 @@ class _Parser:
                 )
             count, stream = self._count(tok, where, lambda m: fail_tok(m, 2))
         if len(tokens) > 3:
-            tok = tokens[3][0]
-            hint = ""
-            if tok in ("-", ">", "=>", "-->", "<-", "|", ",", ";"):
-                hint = "; segments are separated by '->'"
-            fail_tok(f"unexpected extra token '{tok}' in {where}; {SEGMENT_HELP}{hint}", 3)
+            fail_tok(f"unexpected extra token '{tokens[3][0]}' in {where}; {SEGMENT_HELP}", 3)
         return Segment(device=device, dtype=dtype, quant=quant, count=count, stream=stream, text=seg_text)
 
     @staticmethod
@@ -377,7 +379,8 @@ class _Parser:
                 base, suffix = low[: -len(q)], "i8"
                 break
         if base in _DTYPE_ALIASES:
-            fail(f"invalid dtype '{tok}' in {where} (did you mean '{_DTYPE_ALIASES[base]}{suffix}'?); {expected}")
+            hint = _DTYPE_ALIASES[base] + suffix
+            fail(f"invalid dtype '{tok}' in {where} (did you mean '{hint}'?); {expected}")
         if suffix and base in _TORCH_DTYPE_NAME:
             fail(f"invalid dtype '{tok}' in {where} (did you mean '{base}i8'?); {expected}")
         if low in ("i8", "int8", "uint8", "i4", "i3"):
@@ -536,5 +539,5 @@ def plan_layers(strategy, n_layer: int) -> list:
                 )
             )
     if len(placements) != to_allocate:
-        raise RuntimeError(f"internal error: allocated {len(placements)} of {to_allocate} slots for {strategy}")
+        raise RuntimeError(f"internal error: {len(placements)} of {to_allocate} slots for {strategy}")
     return placements

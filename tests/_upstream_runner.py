@@ -28,7 +28,7 @@ def _isolate(upstream_dir, repo_root):
     kept = []
     for p in sys.path:
         rp = os.path.realpath(p or os.getcwd())
-        if p == "" or (_inside(rp, repo_root) and not _inside(rp, upstream_dir)):
+        if p == "" or "__editable__" in p or (_inside(rp, repo_root) and not _inside(rp, upstream_dir)):
             continue
         kept.append(p)
     sys.path[:] = [upstream_dir] + kept
@@ -43,9 +43,13 @@ def _clone(x):
     return x.detach().clone() if x is not None else None
 
 
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
 def _slots(model):
     return [
-        (str(dd.device), str(dd.atype).replace("torch.", ""), str(dd.wtype).replace("torch.", ""), bool(dd.stream))
+        (str(dd.device), _dtype_name(dd.atype), _dtype_name(dd.wtype), bool(dd.stream))
         for dd in model.strategy
     ]
 
@@ -96,7 +100,8 @@ def _run_calls(model, calls):
             state = [_clone(t) for t in spec]
         else:
             raise ValueError(f"call {n}: bad state spec {spec!r}")
-        out, new_state = model.forward(list(call["tokens"]), state, full_output=bool(call.get("full_output", False)))
+        full = bool(call.get("full_output", False))
+        out, new_state = model.forward(list(call["tokens"]), state, full_output=full)
         results.append(
             {
                 "logits": _clone(out),

@@ -161,7 +161,7 @@ def run_upstream_job(job: dict, *, env=None, v7=None, jit: str = "1", timeout: f
             stderr=proc.stderr,
             stdout=proc.stdout,
         )
-    result["stdout"] = proc.stdout
+    result["stdout"], result["stderr"] = proc.stdout, proc.stderr
     return result
 
 
@@ -190,7 +190,9 @@ def run_upstream_many(runs, *, env=None, v7=None, threads=None, timeout=600) -> 
     return out
 
 
-def run_upstream(model_path, strategy, calls, *, env=None, v7=None, threads=None, timeout=600, return_info=False):
+def run_upstream(
+    model_path, strategy, calls, *, env=None, v7=None, threads=None, timeout=600, return_info=False
+):
     """Load ``model_path`` with upstream and run ``calls`` in order; one child process in all.
 
     Each call is a dict: ``tokens`` (list of ints), ``state`` ("none" for None, "prev" for the
@@ -222,13 +224,22 @@ def upstream_strategies(model_path, strategies, *, env=None, timeout=600) -> lis
     """Construct the classic upstream model once per strategy string, all in one child process.
 
     ``strategies`` items are strategy strings (loaded with ``model_path``) or ``(path, strategy)``
-    pairs, so one process can cover several layer counts. Returns one dict per item: ``strategy``, ``normalized`` (upstream's
-    ``model.args.strategy_string``), ``slots`` (list of ``(device, atype, wtype, stream)`` with torch
-    dtypes, slot ``n_layer`` = head) and ``error`` (``"ExceptionType: message"`` if upstream raised,
-    else None). JIT is off by default here: allocation does not depend on it and loading is faster.
+    pairs, so one process can cover several layer counts. Returns one dict per item: ``strategy``,
+    ``normalized`` (upstream's ``model.args.strategy_string``), ``slots`` (list of
+    ``(device, atype, wtype, stream)`` with torch dtypes, slot ``n_layer`` = head) and ``error``
+    (``"ExceptionType: message"`` if upstream raised, else None). JIT is off by default here:
+    allocation does not depend on it and loading is faster.
     """
-    items = [(str(_resolve_model(m)), s) for m, s in (x if isinstance(x, tuple) else (model_path, x) for x in strategies)]
-    job = {"mode": "strategies", "model": items[0][0] if items else str(model_path), "strategies": items}
+    pairs = [x if isinstance(x, tuple) else (model_path, x) for x in strategies]
+    items = [(str(_resolve_model(m)), s) for m, s in pairs]
+    # One thread: upstream's int8 conversion runs many tiny ops that are ~7x slower with several
+    # threads on a busy 2-core machine; the allocation does not depend on it.
+    job = {
+        "mode": "strategies",
+        "model": items[0][0] if items else str(model_path),
+        "strategies": items,
+        "threads": 1,
+    }
     out = run_upstream_job(job, env=env, v7=False, jit="0", timeout=timeout)
     rows = out["rows"]
     for row in rows:
