@@ -30,6 +30,8 @@ Compatibility decisions (pinned by ``tests/test_strategy.py``):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import re
 from typing import Optional
 
@@ -105,6 +107,7 @@ class StrategyError(ValueError):
         super().__init__(full)
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_dtype(name: str):
     import torch  # deferred: importing this module must stay cheap
 
@@ -485,8 +488,9 @@ def plan_layers(strategy, n_layer: int) -> list:
     ['fp32', 'fp32', 'fp32', 'fp32']
     """
     strategy = parse_strategy(strategy)
-    if isinstance(n_layer, bool) or not isinstance(n_layer, int):
+    if isinstance(n_layer, bool) or not hasattr(type(n_layer), "__index__"):
         raise TypeError(f"n_layer must be an int, got {type(n_layer).__name__}")
+    n_layer = operator.index(n_layer)
     if n_layer < 1:
         raise ValueError(f"n_layer must be at least 1, got {n_layer}")
 
