@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "common/checks.h"
+#include "common/op_checks.h"
 #include "cuda/kernels.h"
 
 namespace {
@@ -21,34 +21,9 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
                     const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
                     const at::Tensor& ry) {
-  RWKV_CHECK_SAME_DEVICE(op, x, w);
-  RWKV_CHECK_SAME_DEVICE(op, x, mx);
-  RWKV_CHECK_SAME_DEVICE(op, x, rx);
-  RWKV_CHECK_SAME_DEVICE(op, x, my);
-  RWKV_CHECK_SAME_DEVICE(op, x, ry);
+  const auto [T, N, M] = rwkv::check_mm8(op, seq, x, w, mx, rx, my, ry);
   TORCH_INTERNAL_ASSERT(x.is_cuda());
   const auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
-              ": x must be float32, bfloat16 or float16, got ", ::rwkv::dtype_name(dt));
-  if (seq) {
-    RWKV_CHECK_DIM(op, x, "[T, N]", 2);
-  } else {
-    RWKV_CHECK_DIM(op, x, "[N]", 1);
-  }
-  const int64_t T = seq ? x.size(0) : 1;
-  const int64_t N = x.size(-1);
-  RWKV_CHECK_DTYPE(op, w, at::kByte);
-  RWKV_CHECK_DIM(op, w, "[N, M]", 2);
-  const int64_t M = w.size(1);
-  RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
-  RWKV_CHECK_DTYPE_AS(op, mx, dt, " (x's dtype)");
-  RWKV_CHECK_SHAPE(op, mx, "[M]", M);
-  RWKV_CHECK_DTYPE_AS(op, rx, dt, " (x's dtype)");
-  RWKV_CHECK_SHAPE(op, rx, "[M]", M);
-  RWKV_CHECK_DTYPE_AS(op, my, dt, " (x's dtype)");
-  RWKV_CHECK_SHAPE(op, my, "[N, 1]", N, 1);
-  RWKV_CHECK_DTYPE_AS(op, ry, dt, " (x's dtype)");
-  RWKV_CHECK_SHAPE(op, ry, "[N, 1]", N, 1);
 
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   // wt: [M, N] contiguous, i.e. w column-major. A no-op view for the model's storage layout.

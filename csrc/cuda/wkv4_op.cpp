@@ -1,5 +1,5 @@
-// Torch glue for wkv4_forward on CUDA (kernel: wkv4.cu): the checks of rwkv/ops/_checks.py in
-// the same order and words (csrc/common/checks.h), device guard, current stream, launch check.
+// Torch glue for wkv4_forward on CUDA (kernel: wkv4.cu): the shared input checks
+// (csrc/common/op_checks.h, the words of rwkv/ops/_checks.py), device guard, current stream.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -7,7 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "common/checks.h"
+#include "common/op_checks.h"
 #include "cuda/kernels.h"
 
 namespace {
@@ -16,33 +16,8 @@ namespace {
 at::Tensor wkv4_forward_cuda(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
                              const at::Tensor& v, at::Tensor& aa, at::Tensor& bb,
                              at::Tensor& pp) {
-  const char* op = "wkv4_forward";
-  RWKV_CHECK_SAME_DEVICE(op, k, w);
-  RWKV_CHECK_SAME_DEVICE(op, k, u);
-  RWKV_CHECK_SAME_DEVICE(op, k, v);
-  RWKV_CHECK_SAME_DEVICE(op, k, aa);
-  RWKV_CHECK_SAME_DEVICE(op, k, bb);
-  RWKV_CHECK_SAME_DEVICE(op, k, pp);
+  const auto [T, C] = rwkv::check_wkv4(w, u, k, v, aa, bb, pp);
   TORCH_INTERNAL_ASSERT(k.is_cuda());
-  RWKV_CHECK_DTYPE(op, k, at::kFloat);
-  RWKV_CHECK_DIM(op, k, "[T, C]", 2);
-  const int64_t T = k.size(0), C = k.size(1);
-  RWKV_CHECK_DTYPE(op, v, at::kFloat);
-  RWKV_CHECK_SHAPE(op, v, "[T, C]", T, C);
-  RWKV_CHECK_DTYPE(op, w, at::kFloat);
-  RWKV_CHECK_SHAPE(op, w, "[C]", C);
-  RWKV_CHECK_DTYPE(op, u, at::kFloat);
-  RWKV_CHECK_SHAPE(op, u, "[C]", C);
-  RWKV_CHECK_DTYPE(op, aa, at::kFloat);
-  RWKV_CHECK_SHAPE(op, aa, "[C]", C);
-  RWKV_CHECK_DTYPE(op, bb, at::kFloat);
-  RWKV_CHECK_SHAPE(op, bb, "[C]", C);
-  RWKV_CHECK_DTYPE(op, pp, at::kFloat);
-  RWKV_CHECK_SHAPE(op, pp, "[C]", C);
-  RWKV_CHECK_CONTIGUOUS(op, aa);
-  RWKV_CHECK_CONTIGUOUS(op, bb);
-  RWKV_CHECK_CONTIGUOUS(op, pp);
-
   const c10::cuda::OptionalCUDAGuard guard(k.device());
   const at::Tensor wc = w.contiguous(), uc = u.contiguous(), kc = k.contiguous(),
                    vc = v.contiguous();

@@ -7,7 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "cuda/wkv_checks_op.h"
+#include "common/op_checks.h"
+#include "cuda/kernels.h"
 
 namespace {
 
@@ -17,25 +18,11 @@ template <bool kPerTokenW>
 at::Tensor wkv56_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                               const at::Tensor& v, const at::Tensor& w, const at::Tensor& u) {
   const char* op = kPerTokenW ? "wkv6_forward" : "wkv5_forward";
-  RWKV_CHECK_SAME_DEVICE(op, state, r);
-  RWKV_CHECK_SAME_DEVICE(op, state, k);
-  RWKV_CHECK_SAME_DEVICE(op, state, v);
-  RWKV_CHECK_SAME_DEVICE(op, state, w);
-  RWKV_CHECK_SAME_DEVICE(op, state, u);
+  const auto [T, H, N] = rwkv::check_wkv56(op, kPerTokenW, state, r, k, v, w, u);
   TORCH_INTERNAL_ASSERT(state.is_cuda());
-  RWKV_CUDA_CHECK_STATE(op, state, H, N);
-  RWKV_CUDA_CHECK_T(op, r, T);
-  RWKV_CUDA_CHECK_ROWS(op, r, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, k, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, v, T, H * N);
-  if (kPerTokenW) {
-    RWKV_CUDA_CHECK_ROWS(op, w, T, H * N);
-  } else {
-    RWKV_CHECK_DTYPE(op, w, at::kFloat);
-    RWKV_CHECK_SHAPE(op, w, "[H, N]", H, N);
-  }
-  RWKV_CHECK_DTYPE(op, u, at::kFloat);
-  RWKV_CHECK_SHAPE(op, u, "[H, N]", H, N);
+  TORCH_CHECK(N <= rwkv::cuda::kWkvMaxHeadSize, op,
+              ": state must have a head size N (state.size(1)) of at most ",
+              rwkv::cuda::kWkvMaxHeadSize, " on CUDA, got ", N);
 
   const c10::cuda::OptionalCUDAGuard guard(state.device());
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),

@@ -6,7 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "cuda/wkv_checks_op.h"
+#include "common/op_checks.h"
+#include "cuda/kernels.h"
 
 namespace {
 
@@ -16,21 +17,11 @@ at::Tensor wkv7_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::T
                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                              const at::Tensor& b) {
   const char* op = "wkv7_forward";
-  RWKV_CHECK_SAME_DEVICE(op, state, r);
-  RWKV_CHECK_SAME_DEVICE(op, state, w);
-  RWKV_CHECK_SAME_DEVICE(op, state, k);
-  RWKV_CHECK_SAME_DEVICE(op, state, v);
-  RWKV_CHECK_SAME_DEVICE(op, state, a);
-  RWKV_CHECK_SAME_DEVICE(op, state, b);
+  const auto [T, H, N] = rwkv::check_wkv7(state, r, w, k, v, a, b);
   TORCH_INTERNAL_ASSERT(state.is_cuda());
-  RWKV_CUDA_CHECK_STATE(op, state, H, N);
-  RWKV_CUDA_CHECK_T(op, r, T);
-  RWKV_CUDA_CHECK_ROWS(op, r, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, w, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, k, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, v, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, a, T, H * N);
-  RWKV_CUDA_CHECK_ROWS(op, b, T, H * N);
+  TORCH_CHECK(N <= rwkv::cuda::kWkvMaxHeadSize, op,
+              ": state must have a head size N (state.size(1)) of at most ",
+              rwkv::cuda::kWkvMaxHeadSize, " on CUDA, got ", N);
 
   const c10::cuda::OptionalCUDAGuard guard(state.device());
   const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
