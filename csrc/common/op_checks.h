@@ -138,4 +138,21 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
   return {seq ? x.size(0) : 1, N, M};
 }
 
+struct LinearDims { int64_t N, M; };
+
+// linear_one: x [N] bf16, w [N, M] bf16, column-major (w.t() contiguous).
+inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
+  const char* op = "linear_one";
+  check_same_device(op, {{"x", &x}, {"w", &w}});
+  RWKV_CHECK_DTYPE(op, x, at::kBFloat16);
+  RWKV_CHECK_DIM(op, x, "[N]", 1);
+  RWKV_CHECK_DTYPE(op, w, at::kBFloat16);
+  RWKV_CHECK_DIM(op, w, "[N, M]", 2);
+  const int64_t N = x.size(0), M = w.size(1);
+  RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
+  TORCH_CHECK(w.t().is_contiguous(), op, ": w must be column-major (w.t() contiguous), got strides ",
+              w.strides());
+  return {N, M};
+}
+
 }  // namespace rwkv

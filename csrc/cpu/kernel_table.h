@@ -27,6 +27,10 @@ struct KernelTable {
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.
   void (*mm8)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* xs,
               const uint8_t* q, const float* sums, const float* rx, const float* mx, float* y);
+  // linear_one on output columns [m0, m1): y[m] = x . w[:, m], column m (bf16) at w + m*N;
+  // x [N] fp32.
+  void (*linear_one_bf16)(int64_t N, int64_t m0, int64_t m1, const float* x, const uint16_t* w,
+                          float* y);
   // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);

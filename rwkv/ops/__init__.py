@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_isa", "gemm_fp16", "mm8", "mm8_one", "mm8_seq",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one", "mm8_seq",
            "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
 
 Tensor = torch.Tensor
@@ -65,3 +65,8 @@ def mm8(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
 def gemm_fp16(a: Tensor, b: Tensor, fp32_out: bool, *, mode: str = "auto") -> Tensor:
     """a [T, K] fp16 @ b [K, M] fp16, fp32 accumulation; fp32 result if fp32_out else fp16."""
     return resolve("gemm_fp16", a.device.type, mode)(a, b, fp32_out)
+
+
+def linear_one(x: Tensor, w: Tensor, *, mode: str = "auto") -> Tensor:
+    """x [N] bf16 @ w [N, M] bf16 (column-major: w.t() contiguous), fp32 accumulation."""
+    return resolve("linear_one", x.device.type, mode)(x, w)

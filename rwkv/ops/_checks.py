@@ -152,3 +152,19 @@ def validate_gemm_fp16(a, b) -> tuple:
     M = int(b.shape[1])
     check_shape(op, "b", b, "[K, M]", (K, M))
     return T, K, M
+
+
+def validate_linear_one(x, w) -> tuple:
+    """Checks linear_one's arguments; returns (N, M)."""
+    op = "linear_one"
+    check_same_device(op, ("x", "w"), (x, w))
+    check_dtype(op, "x", x, torch.bfloat16)
+    check_dim(op, "x", x, "[N]", 1)
+    check_dtype(op, "w", w, torch.bfloat16)
+    check_dim(op, "w", w, "[N, M]", 2)
+    N, M = int(x.shape[0]), int(w.shape[1])
+    check_shape(op, "w", w, "[N, M]", (N, M))
+    torch._check(w.t().is_contiguous(),
+                 lambda: f"{op}: w must be column-major (w.t() contiguous), got strides "
+                         f"{list(w.stride())}")
+    return N, M

@@ -97,6 +97,17 @@ def _gemm_fp16_fake(a, b, fp32_out):
     return a.new_empty((T, M), dtype=torch.float32 if fp32_out else torch.float16)
 
 
+# x: [N] bf16; w: [N, M] bf16, column-major (w.t() contiguous); fp32 accumulation.
+# Returns y: [M] bf16. bf16 only: for fp32, torch's `x @ w` is as fast (docs/kernels.md).
+_define("linear_one", "(Tensor x, Tensor w) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one")
+def _linear_one_fake(x, w):
+    N, M = _checks.validate_linear_one(x, w)
+    return x.new_empty((M,))
+
+
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
 # the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
@@ -105,4 +116,4 @@ _define("_set_cpu_isa", "(str isa) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "mm8_one", "mm8_seq",
-       "gemm_fp16")
+       "gemm_fp16", "linear_one")

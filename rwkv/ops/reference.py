@@ -137,3 +137,9 @@ def gemm_fp16(a, b, fp32_out):
     _checks.validate_gemm_fp16(a, b)
     y = a.to(torch.float32) @ b.to(torch.float32)
     return y if fp32_out else y.to(torch.float16)
+
+
+def linear_one(x, w):
+    """x [N] bf16 @ w [N, M] bf16 (column-major) with fp32 accumulation; returns [M] bf16."""
+    _checks.validate_linear_one(x, w)
+    return (x.to(torch.float32) @ w.to(torch.float32)).to(x.dtype)

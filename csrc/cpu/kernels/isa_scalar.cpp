@@ -8,6 +8,7 @@
 #define RWKV_ISA scalar
 #include "cpu/kernel_table.h"
 #include "cpu/kernels/vec_scalar.h"
+#include "cpu/kernels/linear.h"
 #include "cpu/kernels/mm8.h"
 #include "cpu/kernels/wkv4.h"
 #include "cpu/kernels/wkv56.h"
@@ -24,6 +25,7 @@ void fill_kernel_table(KernelTable* table) {
   table->wkv7 = &wkv7<V>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
+  table->linear_one_bf16 = &linear_one<V>;
 }
 
 }  // namespace scalar

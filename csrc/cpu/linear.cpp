@@ -1,0 +1,40 @@
+// ATen glue for linear_one on CPU: a dense matrix-vector product for column-major bf16 weights
+// (how the model stores them), fp32 accumulation, threaded over output columns. It exists because
+// it beats torch's `x @ w` for bf16 on CPU (docs/kernels.md has the measurements).
+// Schema: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common/op_checks.h"
+#include "cpu/cpu_features.h"
+
+namespace rwkv {
+namespace cpu {
+namespace {
+
+at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
+  const LinearDims d = check_linear_one(x, w);
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({d.M}, x32.options());
+  const KernelTable& kt = kernels();
+  // Blocks of 16 columns keep the kernel's 4-column groups whole; a task gets >= ~64k MACs.
+  constexpr int64_t kBlock = 16;
+  const int64_t blocks = (d.M + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, d.N * kBlock));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t m0 = b0 * kBlock, m1 = std::min(d.M, b1 * kBlock);
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+    kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>());
+  });
+  return y.to(at::kBFloat16);
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace rwkv
+
+TORCH_LIBRARY_IMPL(rwkv, CPU, m) { m.impl("linear_one", &rwkv::cpu::linear_one); }

@@ -1,0 +1,74 @@
+"""linear_one (bf16 matrix-vector, column-major weight): compiled vs the float64 spec with the
+low-precision rule (at most 2x the error of torch's own bf16 `x @ w`), every CPU ISA, opcheck,
+input errors."""
+
+import pytest
+import torch
+from ops_testlib import IMPLS, assert_low_precision_ok, compiled_or_skip, implementation, uniform
+
+from rwkv.ops import _testing
+
+OP = "linear_one"
+
+
+def make_inputs(N, M, rng, device="cpu"):
+    x = uniform((N,), rng, -1, 1, device, torch.bfloat16)
+    w = uniform((M, N), rng, -1, 1, device, torch.bfloat16).t()  # column-major, as the model stores it
+    return x, w
+
+
+def check(fn, N, M, rng, device="cpu"):
+    x, w = make_inputs(N, M, rng, device)
+    y = fn(x, w)
+    assert y.dtype == torch.bfloat16 and y.shape == (M,)
+    y64 = x.double() @ w.double()
+    assert_low_precision_ok(y.cpu(), y64.cpu(), (x @ w).cpu())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("N,M", [(1, 1), (16, 4), (77, 45), (300, 130), (2048, 67)])
+def test_linear_one_matches_reference(device, impl, N, M, rng):
+    check(implementation(OP, impl, device), N, M, rng, device)
+
+
+@pytest.mark.parametrize("N,M", [(77, 45), (1000, 9)])
+def test_linear_one_isa(cpu_isa, N, M, rng):
+    fn = compiled_or_skip(OP)
+    with _testing.force_cpu_isa(cpu_isa):
+        check(fn, N, M, rng)
+
+
+def test_linear_one_opcheck(rng):
+    compiled_or_skip(OP)
+    torch.library.opcheck(torch.ops.rwkv.linear_one.default, make_inputs(40, 12, rng))
+
+
+REJECT_CASES = {
+    "x_dtype": "linear_one: x must be bfloat16, got float32",
+    "w_dtype": "linear_one: w must be bfloat16, got float16",
+    "x_dim": r"linear_one: x must have shape \[N\], got \[1, 8\]",
+    "w_shape": r"linear_one: w must have shape \[N, M\] = \[8, 5\], got \[9, 5\]",
+    "w_row_major": r"linear_one: w must be column-major \(w.t\(\) contiguous\), got strides \[5, 1\]",
+    "device": r"linear_one: w must be on the same device as x \(cpu\), got meta",
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(REJECT_CASES))
+def test_linear_one_rejects(impl, case, rng):
+    fn = implementation(OP, impl, "cpu")
+    x, w = make_inputs(8, 5, rng)
+    if case == "x_dtype":
+        x = x.float()
+    elif case == "w_dtype":
+        w = w.half()
+    elif case == "x_dim":
+        x = x.reshape(1, 8)
+    elif case == "w_shape":
+        w = torch.zeros(5, 9, dtype=torch.bfloat16).t()
+    elif case == "w_row_major":
+        w = w.contiguous()
+    elif case == "device":
+        w = w.to("meta")
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+        fn(x, w)
