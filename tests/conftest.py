@@ -2,7 +2,7 @@
 
 - ``rng``: a ``torch.Generator`` seeded per test (CPU; move tensors to the device afterwards).
 - ``device`` (parametrised): "cpu", plus "cuda" when a GPU is present; ``RWKV_TEST_DEVICE=cpu``
-  (or cuda) restricts the list. ``DEVICES`` is the same list for module-level use.
+  (or cuda) restricts the list. ``devices`` (fixture) and ``DEVICES`` are the same list.
 - ``cpu_isa`` (parametrised): every instruction set this CPU runs and the compiled kernels offer
   (none without ``rwkv._C``); force it with ``rwkv.ops._testing.force_cpu_isa``.
 - markers: ``cuda`` (skipped without a GPU), ``slow``.
@@ -61,6 +61,12 @@ def pytest_generate_tests(metafunc):
             _ISAS = _cpu_isas()
         # An empty list makes pytest skip the test with a reason naming the empty parameter set.
         metafunc.parametrize("cpu_isa", _ISAS)
+
+
+@pytest.fixture
+def devices() -> list:
+    """The device list itself, for tests that loop over devices."""
+    return list(DEVICES)
 
 
 @pytest.fixture

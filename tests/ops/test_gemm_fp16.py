@@ -32,6 +32,16 @@ def test_gemm_fp16_fp32_out_does_not_overflow():
     assert ops.gemm_fp16(a, a, False).isinf().all()
 
 
+@pytest.mark.cuda
+def test_gemm_fp16_opcheck(rng):
+    # Only where a kernel exists: on CPU the reference is the implementation by design, and
+    # opcheck needs a registered kernel for the inputs' device.
+    implementation(OP, "compiled", "cuda")
+    a = uniform((3, 8), rng, -1, 1, "cuda", torch.float16)
+    b = uniform((8, 5), rng, -1, 1, "cuda", torch.float16)
+    torch.library.opcheck(torch.ops.rwkv.gemm_fp16.default, (a, b, True))
+
+
 def test_gemm_fp16_cpu_uses_reference_silently():
     a = torch.ones(2, 3, dtype=torch.float16)
     with warnings.catch_warnings():

@@ -70,6 +70,17 @@ def test_mm8_isa(cpu_isa, dtype, T, N, M, rng):
         check(fn, T, N, M, rng, dtype)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T,N,M", [(0, 0, 5), (0, 6, 0), (3, 0, 4), (0, 0, 0)])
+def test_mm8_empty_sizes(impl, T, N, M, rng):
+    fn = implementation(op_name(T), impl, "cpu")
+    x, w, mx, rx, my, ry = make_inputs(T, N, M, rng)
+    y = fn(x, w, mx, rx, my, ry)
+    assert y.shape == ((T, M) if T else (M,))
+    # With N = 0 every sum is empty: y = rx*0 + 0 + mx*0.
+    assert torch.equal(y, torch.zeros_like(y))
+
+
 def test_mm8_threaded_large(rng):
     check(compiled_or_skip("mm8_one"), 0, 2048, 777, rng)
     check(compiled_or_skip("mm8_seq"), 9, 512, 301, rng)

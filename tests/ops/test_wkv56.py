@@ -55,6 +55,15 @@ def test_wkv56_non_contiguous_inputs(rng):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_wkv56_empty_sequence_leaves_state(op, impl, rng):
+    state, *rest = make_inputs(op, 0, 2, 8, rng)
+    before = state.clone()
+    assert implementation(op, impl, "cpu")(state, *rest).shape == (0, 16)
+    assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_wkv56_opcheck(op, rng):
     compiled_or_skip(op)
     torch.library.opcheck(getattr(torch.ops.rwkv, op).default, make_inputs(op, 3, 2, 8, rng))

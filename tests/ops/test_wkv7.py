@@ -52,6 +52,14 @@ def test_wkv7_sequence_equals_token_by_token(rng):
     torch.testing.assert_close(s_seq, s_one, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_wkv7_empty_sequence_leaves_state(impl, rng):
+    state, *rest = make_inputs(0, 2, 8, rng)
+    before = state.clone()
+    assert implementation(OP, impl, "cpu")(state, *rest).shape == (0, 16)
+    assert torch.equal(state, before)
+
+
 def test_wkv7_opcheck(rng):
     compiled_or_skip(OP)
     torch.library.opcheck(torch.ops.rwkv.wkv7_forward.default, make_inputs(3, 2, 8, rng))
