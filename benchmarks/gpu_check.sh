@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# One-shot GPU check: build rwkv._C with CUDA in place, run the CUDA op tests and the model-level
+# CUDA tests, benchmark ours vs upstream, and write logs plus summary.md into OUTDIR (flat, at most
+# 8 files). Made for a GPU machine with a CUDA torch, nvcc and pytest and NO network; run from the
+# repository root of a copy of the working tree:
+#
+#     benchmarks/gpu_check.sh OUTDIR
+#
+# Budget: RWKV_GPU_CHECK_BUDGET_S (default 450 s) for everything; every step has its own timeout,
+# capped by what is left, so one hang cannot eat the rest. Upstream 0.8.32 comes from .gpu_carry/
+# (a wheel, installed with pip --no-deps --no-index into /tmp/upstream, or an unpacked folder
+# holding rwkv/model.py). The local .venv (CPU-only torch) is never used: the first python on
+# PATH outside .venv whose torch is a CUDA build is, or RWKV_GPU_PYTHON. Without a GPU (e.g. a
+# dry run on a CPU machine) the build, tests and benchmark are skipped with the reason, and the
+# summary is still written. See docs/cuda.md.
+set -u
+OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+BUDGET=${RWKV_GPU_CHECK_BUDGET_S:-450}
+START=$(date +%s)
+SUMMARY="$OUT/summary.md"
+STEPS=()  # "name|status|seconds|log"
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# run_step NAME MAX_SECONDS LOG CMD...: runs CMD with timeout min(MAX, budget left - 15).
+run_step() {
+  local name=$1 max=$2 log=$3
+  shift 3
+  local t
+  t=$(left)
+  t=$((t - 15))
+  ((t > max)) && t=$max
+  if ((t < 10)); then
+    echo "skipped: out of time budget" >>"$OUT/$log"
+    STEPS+=("$name|skipped (budget)|0|$log")
+    return 1
+  fi
+  local s0 rc status
+  s0=$(date +%s)
+  echo "\$ $* (timeout ${t}s)" >>"$OUT/$log"
+  timeout --kill-after=10 "$t" "$@" >>"$OUT/$log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="TIMEOUT after ${t}s" ;;
+    5) status="no tests collected" ;;
+    *) status="FAILED (exit $rc)" ;;
+  esac
+  STEPS+=("$name|$status|$(($(date +%s) - s0))|$log")
+  return $rc
+}
+
+skip_step() { STEPS+=("$1|skipped: $2|0|-"); }
+
+# ---------------------------------------------------------------- environment and python choice
+ENV_LOG="$OUT/env.log"
+{
+  echo "date: $(date -u)"
+  echo "repo: $REPO ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
+  nvidia-smi 2>&1 | head -20 || echo "nvidia-smi: not available"
+  (nvcc --version 2>&1 | tail -2) || echo "nvcc: not found"
+} >"$ENV_LOG" 2>&1
+
+PY=${RWKV_GPU_PYTHON:-}
+if [[ -z $PY ]]; then
+  for cand in $(type -ap python3 python 2>/dev/null); do
+    case $(readlink -f "$cand") in "$REPO"/.venv/*) continue ;; esac
+    [[ $cand == "$REPO"/.venv/* ]] && continue
+    if "$cand" -c "import torch,sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+      PY=$cand
+      break
+    fi
+  done
+fi
+GPU=0
+BUILD_OK=0
+WHY="no python with a CUDA build of torch on PATH (outside .venv)"
+if [[ -n $PY ]]; then
+  "$PY" -c "import torch; print('python', __import__('sys').version.split()[0], 'torch',
+torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available() and
+torch.cuda.get_device_name())" >>"$ENV_LOG" 2>&1
+  if "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    GPU=1
+    WHY=""
+  else
+    WHY="torch.cuda.is_available() is False for $PY"
+  fi
+fi
+echo "python: ${PY:-none}; GPU: $GPU ${WHY:+($WHY)}" >>"$ENV_LOG"
+unset VIRTUAL_ENV PYTHONHOME
+export PYTHONDONTWRITEBYTECODE=1
+
+# ------------------------------------------------------------------------------------ the steps
+if ((GPU)); then
+  export RWKV_BUILD_CUDA=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+  if run_step build 240 build.log "$PY" setup.py build_ext --inplace; then
+    BUILD_OK=1
+    run_step "backend report" 30 build.log "$PY" -c \
+      "import rwkv.ops as o; print(o.backend_report())"
+    run_step "pytest tests/cuda tests/ops" 150 test_ops.log \
+      "$PY" -m pytest tests/cuda tests/ops -x -q -p no:cacheprovider
+    run_step "pytest -m cuda (model level)" 100 test_models.log \
+      "$PY" -m pytest -m cuda tests -q -p no:cacheprovider --ignore=tests/cuda --ignore=tests/ops
+  else
+    skip_step "tests" "the CUDA build failed (build.log)"
+  fi
+  UP=""
+  if [[ -f .gpu_carry/rwkv/model.py ]]; then
+    UP="$REPO/.gpu_carry"
+  elif compgen -G ".gpu_carry/*.whl" >/dev/null; then
+    run_step "install upstream wheel" 60 bench.log "$PY" -m pip install -q --no-deps --no-index \
+      --target /tmp/upstream .gpu_carry/*.whl && UP=/tmp/upstream
+  fi
+  UPARGS=(--no-upstream)
+  [[ -n $UP ]] && UPARGS=(--upstream "$UP")
+  [[ -z $UP ]] && echo "upstream: no wheel or folder in .gpu_carry/; ours only" >>"$OUT/bench.log"
+  BENCH_BUDGET=$(($(left) - 90))
+  ((BENCH_BUDGET < 30)) && BENCH_BUDGET=30
+  run_step "bench_gpu.py" 400 bench.log "$PY" benchmarks/bench_gpu.py "${UPARGS[@]}" \
+    --json "$OUT/bench.jsonl" --markdown "$OUT/bench.md" --budget-s "$BENCH_BUDGET"
+else
+  for s in build "pytest tests/cuda tests/ops" "pytest -m cuda (model level)" bench_gpu.py; do
+    skip_step "$s" "no GPU: $WHY"
+  done
+fi
+
+# ------------------------------------------------------------------------------------- summary
+{
+  echo "# GPU check $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "$(tail -1 "$ENV_LOG")"
+  echo
+  echo "| step | result | seconds | log |"
+  echo "|---|---|---|---|"
+  for s in "${STEPS[@]}"; do
+    IFS='|' read -r n st sec lg <<<"$s"
+    echo "| $n | $st | $sec | $lg |"
+  done
+  echo
+  echo "total: $(($(date +%s) - START)) s of a ${BUDGET} s budget"
+  for lg in test_ops.log test_models.log; do
+    if [[ -f $OUT/$lg ]]; then
+      echo
+      echo "## $lg (last lines)"
+      echo '```'
+      tail -15 "$OUT/$lg"
+      echo '```'
+    fi
+  done
+  if [[ -f $OUT/bench.md ]]; then
+    echo
+    echo "## Benchmark"
+    echo
+    cat "$OUT/bench.md"
+  fi
+  if [[ -f $OUT/build.log ]] && ((!BUILD_OK)); then
+    echo
+    echo "## build.log (last lines)"
+    echo '```'
+    tail -25 "$OUT/build.log"
+    echo '```'
+  fi
+} >"$SUMMARY"
+rm -f "$OUT/bench.md"
+echo "gpu_check: wrote $SUMMARY"
+cat "$SUMMARY"
