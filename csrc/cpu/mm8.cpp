@@ -22,9 +22,10 @@ at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
 // From this many rows on, mm8_seq converts column tiles of q to fp32 and lets at::mm (BLAS) do
 // the products: the conversion is paid once per tile instead of once per row, and BLAS runs at
-// several times the multiply-add rate of the matrix-vector loop. Measured crossover on an
-// AVX-512 Xeon (N = M = 2048, one thread): the loop wins up to T = 16, tiles win from T = 32.
-constexpr int64_t kTiledMinRows = 24;
+// several times the multiply-add rate of the row-group loop of kernels/mm8.h. Measured on an
+// AVX-512 Xeon (N = M = 2048, one thread): loop 2.96 ms vs tiles 3.22 ms at T = 24, loop 4.13 ms
+// vs tiles 3.70 ms at T = 32.
+constexpr int64_t kTiledMinRows = 32;
 
 // y[T, M] = rx*(xs @ q + sums[:, 0]) + sums[:, 1] + mx*sums[:, 2], q column-major [N, M] uint8,
 // converted to fp32 one tile of ~256 KiB at a time (never the whole matrix).

@@ -81,15 +81,26 @@ def test_mm8_empty_sizes(impl, T, N, M, rng):
     assert torch.equal(y, torch.zeros_like(y))
 
 
+@pytest.mark.parametrize("T", [2, 3, 4, 7, 31])
+def test_mm8_seq_rows_equal_mm8_one_bitwise(cpu_isa, T, rng):
+    # Below the tiled threshold every row of mm8_seq is summed in mm8_one's order.
+    one, seq = compiled_or_skip("mm8_one"), compiled_or_skip("mm8_seq")
+    x, w, *side = make_inputs(T, 1000, 37, rng)
+    with _testing.force_cpu_isa(cpu_isa):
+        y = seq(x, w, *side)
+        for t in range(T):
+            assert torch.equal(y[t], one(x[t], w, *side)), t
+
+
 def test_mm8_threaded_large(rng):
     check(compiled_or_skip("mm8_one"), 0, 2048, 777, rng)
     check(compiled_or_skip("mm8_seq"), 9, 512, 301, rng)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T,N,M", [(24, 40, 19), (40, 2100, 70), (33, 5, 300)])
+@pytest.mark.parametrize("T,N,M", [(32, 40, 19), (40, 2100, 70), (33, 5, 300)])
 def test_mm8_seq_tiled_path(dtype, T, N, M, rng):
-    # From 24 rows on, mm8_seq converts column tiles to fp32 and uses at::mm (csrc/cpu/mm8.cpp).
+    # From 32 rows on, mm8_seq converts column tiles to fp32 and uses at::mm (csrc/cpu/mm8.cpp).
     check(compiled_or_skip("mm8_seq"), T, N, M, rng, dtype)
 
 

@@ -13,7 +13,7 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// Partial sums over [j0, j1) of one row; returns the index where it stopped.
+// Adds a row's sums from index j on, one register at a time; returns where it stopped.
 template <class V>
 inline int64_t mm8_prepare_range(int64_t j, int64_t n, const float* x, const float* ry,
                                  const float* my, float* xs, float* s_xs, float* s_xmy,
@@ -48,40 +48,95 @@ void mm8_prepare(int64_t N, int64_t t0, int64_t t1, const float* x, const float*
   }
 }
 
-// Columns [m, m + B) for every row t.
+// Columns [m, m + B) of one row (mm8_one): each byte is widened once and used once.
 template <class V, int B>
-inline void mm8_columns(int64_t T, int64_t N, int64_t M, int64_t m, const float* xs,
-                        const uint8_t* q, const float* sums, const float* rx, const float* mx,
-                        float* y) {
+inline void mm8_columns(int64_t N, int64_t M, int64_t m, const float* xs, const uint8_t* q,
+                        const float* sums, const float* rx, const float* mx, float* y) {
   using R = typename V::reg;
   constexpr int W = V::width;
   const uint8_t* col[B];
-  for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xt = xs + t * N;
-    R acc[B];
-    for (int b = 0; b < B; ++b) acc[b] = V::zero();
-    int64_t n = 0;
-    for (; n + W <= N; n += W) {
-      const R xv = V::load(xt + n);
-      for (int b = 0; b < B; ++b) acc[b] = V::fma(xv, V::load_u8(col[b] + n), acc[b]);
-    }
-    float dot[B];
-    for (int b = 0; b < B; ++b) dot[b] = V::reduce_add(acc[b]);
-    for (; n < N; ++n)
-      for (int b = 0; b < B; ++b) dot[b] += xt[n] * static_cast<float>(col[b][n]);
-    const float* s = sums + 3 * t;
-    for (int b = 0; b < B; ++b)
-      y[t * M + m + b] = rx[m + b] * (dot[b] + s[0]) + s[1] + mx[m + b] * s[2];
+  R acc[B];
+  for (int b = 0; b < B; ++b) {
+    col[b] = q + (m + b) * N;
+    acc[b] = V::zero();
   }
+  int64_t n = 0;
+  for (; n + W <= N; n += W) {
+    const R xv = V::load(xs + n);
+    for (int b = 0; b < B; ++b) acc[b] = V::fma(xv, V::load_u8(col[b] + n), acc[b]);
+  }
+  for (int b = 0; b < B; ++b) {
+    float dot = V::reduce_add(acc[b]);
+    for (int64_t j = n; j < N; ++j) dot += xs[j] * static_cast<float>(col[b][j]);
+    y[m + b] = rx[m + b] * (dot + sums[0]) + sums[1] + mx[m + b] * sums[2];
+  }
+}
+
+// Columns [m, m + B) for rows [t0, t0 + R) of a sequence (mm8_seq): the bytes of each chunk of
+// kChunk rows of q are widened into an fp32 scratch once and reused by all R rows. Per lane the
+// summation order equals mm8_columns', so a row gives bit-identical results either way.
+template <class V, int B, int Rows>
+inline void mm8_columns_rows(int64_t N, int64_t M, int64_t m, int64_t t0, const float* xs,
+                             const uint8_t* q, const float* sums, const float* rx,
+                             const float* mx, float* y) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  constexpr int64_t kChunk = 512;  // B * 2 KiB of scratch: stays in L1 with the x rows
+  const uint8_t* col[B];
+  for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;
+  R acc[Rows][B];
+  for (int r = 0; r < Rows; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = V::zero();
+  float cols[B][kChunk];
+  const int64_t full = N - N % W;  // the vector part; the rest is added after the reduction
+  for (int64_t n0 = 0; n0 < full; n0 += kChunk) {
+    const int64_t len = full - n0 < kChunk ? full - n0 : kChunk;
+    for (int b = 0; b < B; ++b)
+      for (int64_t j = 0; j < len; j += W) V::store(cols[b] + j, V::load_u8(col[b] + n0 + j));
+    for (int r = 0; r < Rows; ++r) {
+      const float* xt = xs + (t0 + r) * N + n0;
+      R a[B];
+      for (int b = 0; b < B; ++b) a[b] = acc[r][b];
+      for (int64_t j = 0; j < len; j += W) {
+        const R xv = V::load(xt + j);
+        for (int b = 0; b < B; ++b) a[b] = V::fma(xv, V::load(cols[b] + j), a[b]);
+      }
+      for (int b = 0; b < B; ++b) acc[r][b] = a[b];
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    const float* xt = xs + (t0 + r) * N;
+    const float* s = sums + 3 * (t0 + r);
+    for (int b = 0; b < B; ++b) {
+      float dot = V::reduce_add(acc[r][b]);
+      for (int64_t j = full; j < N; ++j) dot += xt[j] * static_cast<float>(col[b][j]);
+      y[(t0 + r) * M + m + b] = rx[m + b] * (dot + s[0]) + s[1] + mx[m + b] * s[2];
+    }
+  }
+}
+
+// Columns [m, m + B) for every row, in groups of 4 rows, then 2, then 1.
+template <class V, int B>
+inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const float* xs,
+                            const uint8_t* q, const float* sums, const float* rx,
+                            const float* mx, float* y) {
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) mm8_columns_rows<V, B, 4>(N, M, m, t, xs, q, sums, rx, mx, y);
+  for (; t + 2 <= T; t += 2) mm8_columns_rows<V, B, 2>(N, M, m, t, xs, q, sums, rx, mx, y);
+  for (; t < T; ++t) mm8_columns_rows<V, B, 1>(N, M, m, t, xs, q, sums, rx, mx, y);
 }
 
 template <class V>
 void mm8(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* xs,
          const uint8_t* q, const float* sums, const float* rx, const float* mx, float* y) {
   int64_t m = m0;
-  for (; m + 4 <= m1; m += 4) mm8_columns<V, 4>(T, N, M, m, xs, q, sums, rx, mx, y);
-  for (; m < m1; ++m) mm8_columns<V, 1>(T, N, M, m, xs, q, sums, rx, mx, y);
+  if (T == 1) {
+    for (; m + 4 <= m1; m += 4) mm8_columns<V, 4>(N, M, m, xs, q, sums, rx, mx, y);
+    for (; m < m1; ++m) mm8_columns<V, 1>(N, M, m, xs, q, sums, rx, mx, y);
+    return;
+  }
+  for (; m + 4 <= m1; m += 4) mm8_columns_seq<V, 4>(T, N, M, m, xs, q, sums, rx, mx, y);
+  for (; m < m1; ++m) mm8_columns_seq<V, 1>(T, N, M, m, xs, q, sums, rx, mx, y);
 }
 
 }  // namespace RWKV_ISA
