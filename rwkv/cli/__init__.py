@@ -1,0 +1,1 @@
+"""Command-line programs: ``python -m rwkv chat`` and ``python -m rwkv generate`` (see rwkv/__main__.py)."""
