@@ -1,35 +1,12 @@
-// The CPU kernels compiled for the avx512 instruction set: one row of the kernel table.
-// Rules (csrc/README.md): no torch headers, no std containers, no static data with initializers,
+// The CPU kernels compiled for AVX-512 (F, BW, VL, DQ): one row of the kernel table. Rules
+// (csrc/README.md): no torch headers, no std containers, no static data with initializers,
 // everything in namespace rwkv::cpu::avx512; the target pragma comes before every include so that
-// all code in this file, and only here, may use the wider instructions.
+// all code in this file, and only this file, may use these instructions.
 // Same condition as RWKV_HAVE_X86_ISAS in cpu/kernel_table.h (that header cannot come first).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
-
 #define RWKV_ISA avx512
-#include "cpu/kernel_table.h"
+#define RWKV_VEC VecAvx512
 #include "cpu/kernels/vec_avx512.h"
-#include "cpu/kernels/linear.h"
-#include "cpu/kernels/mm8.h"
-#include "cpu/kernels/wkv4.h"
-#include "cpu/kernels/wkv56.h"
-#include "cpu/kernels/wkv7.h"
-
-namespace rwkv {
-namespace cpu {
-namespace avx512 {
-
-void fill_kernel_table(KernelTable* table) {
-  using V = VecAvx512;
-  table->wkv4 = &wkv4<V>;
-  table->wkv56 = &wkv56<V>;
-  table->wkv7 = &wkv7<V>;
-  table->mm8 = &mm8<V>;
-  table->mm8_prepare = &mm8_prepare<V>;
-  table->linear_one_bf16 = &linear_one<V>;
-}
-
-}  // namespace avx512
-}  // namespace cpu
-}  // namespace rwkv
+#include "cpu/kernels/isa_table.h"
 #endif  // x86-64 GCC

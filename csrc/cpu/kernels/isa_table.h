@@ -1,0 +1,34 @@
+// The body shared by every isa_<isa>.cpp: defines rwkv::cpu::RWKV_ISA::fill_kernel_table, which
+// points every KernelTable entry at the kernels instantiated with the Vec policy RWKV_VEC.
+// Include it once, last, from an isa_<isa>.cpp that has defined RWKV_ISA and RWKV_VEC and
+// included its Vec policy (after its target pragma).
+#pragma once
+
+#include "cpu/kernel_table.h"
+#include "cpu/kernels/linear.h"
+#include "cpu/kernels/mm8.h"
+#include "cpu/kernels/wkv4.h"
+#include "cpu/kernels/wkv56.h"
+#include "cpu/kernels/wkv7.h"
+
+#ifndef RWKV_VEC
+#error "define RWKV_VEC (the Vec policy) before including isa_table.h"
+#endif
+
+namespace rwkv {
+namespace cpu {
+namespace RWKV_ISA {
+
+void fill_kernel_table(KernelTable* table) {
+  using V = RWKV_VEC;
+  table->wkv4 = &wkv4<V>;
+  table->wkv56 = &wkv56<V>;
+  table->wkv7 = &wkv7<V>;
+  table->mm8 = &mm8<V>;
+  table->mm8_prepare = &mm8_prepare<V>;
+  table->linear_one_bf16 = &linear_one<V>;
+}
+
+}  // namespace RWKV_ISA
+}  // namespace cpu
+}  // namespace rwkv
