@@ -27,6 +27,10 @@ from pathlib import Path
 
 import pytest
 
+# The kernels compiled for the CPU and run through a CUDA emulator (see that module's docstring).
+from tests.cuda.emu.emulated_tests import (  # noqa: F401
+    emu_gen, emu_lib, test_emulated_mm8, test_emulated_wkv, test_emulated_wkv4)
+
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "csrc" / "cuda"
 ARCHS = ("80", "90")
@@ -65,7 +69,7 @@ def _nvcc():
 
 
 NVCC = _nvcc()
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME or PATH)")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME or PATH)")
 
 
 def _cuda_include(nvcc: str) -> Path:
@@ -146,6 +150,7 @@ SOURCES = sorted(p.name for p in CUDA_DIR.glob("*.cu")) + \
     sorted(p.name for p in CUDA_DIR.glob("*.cpp"))
 
 
+@needs_nvcc
 @pytest.mark.parametrize("source", SOURCES)
 def test_cuda_source_compiles(compiled, source):
     rc, out, cmd = compiled[source]

@@ -45,10 +45,14 @@ __device__ __forceinline__ float warp_sum(float v) { return group_sum<32>(v); }
 // P = n / G state values in registers and combining partial sums with group_sum<G>. The other
 // axis (value channels) is independent, so a block takes wkv_block_channels(n) of them and a head
 // spans n / wkv_block_channels(n) blocks: small blocks (<= 256 threads), more blocks for decode.
-__host__ __device__ constexpr int wkv_group(int n) { return n >= 16 ? (n / 16 < 8 ? n / 16 : 8) : 1; }
+__host__ __device__ constexpr int wkv_group(int n) {
+  return n >= 16 ? (n / 16 < 8 ? n / 16 : 8) : 1;
+}
 __host__ __device__ constexpr int wkv_per_thread(int n) { return n / wkv_group(n); }
 __host__ __device__ constexpr int wkv_block_channels(int n) { return n < 32 ? n : 32; }
-__host__ __device__ constexpr int wkv_threads(int n) { return wkv_block_channels(n) * wkv_group(n); }
+__host__ __device__ constexpr int wkv_threads(int n) {
+  return wkv_block_channels(n) * wkv_group(n);
+}
 
 template <int N>
 struct WkvSplit {

@@ -102,7 +102,8 @@ void launch_wkv56(int64_t T, int64_t H, int64_t n, float* state, const float* r,
   if (H == 0 || n == 0) return;
   RWKV_HEAD_SIZE_SWITCH(n, kNB, {
     using Split = rwkv::cuda::WkvSplit<kNB>;
-    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((n + Split::JB - 1) / Split::JB));
+    const dim3 grid(static_cast<unsigned>(H),
+                    static_cast<unsigned>((n + Split::JB - 1) / Split::JB));
     wkv56_kernel<kNB, kPerTokenW><<<grid, Split::kThreads, 0, stream>>>(
         T, H, static_cast<int>(n), state, r, k, v, w, u, y);
   });

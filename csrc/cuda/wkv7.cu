@@ -103,7 +103,8 @@ void wkv7_forward(int64_t T, int64_t H, int64_t N, float* state, const float* r,
   if (H == 0 || N == 0) return;
   RWKV_HEAD_SIZE_SWITCH(N, kNB, {
     using Split = WkvSplit<kNB>;
-    const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>((N + Split::JB - 1) / Split::JB));
+    const dim3 grid(static_cast<unsigned>(H),
+                    static_cast<unsigned>((N + Split::JB - 1) / Split::JB));
     wkv7_kernel<kNB><<<grid, Split::kThreads, 0, stream>>>(T, H, static_cast<int>(N), state, r, w,
                                                            k, v, a, b, y);
   });
