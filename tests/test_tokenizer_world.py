@@ -197,3 +197,51 @@ def test_native_required_but_missing(monkeypatch):
     with pytest.raises(ImportError, match="rwkv._tokenizer"):
         TRIE_TOKENIZER(WORLD_VOCAB_FILE, native=True)
     assert not TRIE_TOKENIZER(WORLD_VOCAB_FILE).native
+
+
+def test_odd_inputs_never_crash(world):
+    assert world.decode([None]) == world.decode([[1]]) == world.decode("abc") == "\ufffd"
+    with pytest.raises(TypeError):
+        world.decodeBytes([[1]])
+    with pytest.raises(KeyError):
+        world.decodeBytes([None])
+    with pytest.raises(AttributeError):  # as upstream: None has no .encode
+        world.encode(None)
+    if not world.native:
+        return
+    native_type = type(world._native)
+    blank = native_type.__new__(native_type)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        blank.encode(b"x")
+    with pytest.raises(RuntimeError, match="already initialised"):
+        world._native.__init__([], [])
+    with pytest.raises(TypeError):
+        native_type([(1, b"a")], [])
+    with pytest.raises(TypeError):
+        native_type([(b"a", 1)], [(b"a", 1)])
+    with pytest.raises(ValueError):
+        native_type([(b"a", -1)], [])
+    with pytest.raises(TypeError):
+        world._native.decode(iter([1]))
+    assert native_type([], []).encode(b"") == []
+    with pytest.raises(ValueError, match="position 0"):
+        native_type([], []).encode(b"a")
+
+
+def test_random_vocabularies_native_equals_python(tmp_path):
+    rng = random.Random(11)
+    for round_ in range(5):
+        tokens = {bytes(rng.choice(b"abcd\x00\xff") for _ in range(rng.randint(1, 6))) for _ in range(150)}
+        lines = [f"{i + 1} {t!r} {len(t)}" for i, t in enumerate(sorted(tokens))]
+        path = tmp_path / f"v{round_}.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        py, nat = TRIE_TOKENIZER(str(path), native=False), _native_or_skip(str(path))
+        for _ in range(500):
+            data = bytes(rng.choice(b"abcde\x00\xff") for _ in range(rng.randint(0, 30)))
+            got = []
+            for tok in (py, nat):
+                try:
+                    got.append(tok.encodeBytes(data))
+                except ValueError as e:
+                    got.append(str(e))
+            assert got[0] == got[1], data

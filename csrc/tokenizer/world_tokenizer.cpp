@@ -202,12 +202,11 @@ int tok_init(TokenizerObject* self, PyObject* args, PyObject* kwds) {
   static const char* kwlist[] = {"encode_items", "decode_items", nullptr};
   PyObject *enc = nullptr, *dec = nullptr;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", const_cast<char**>(kwlist), &enc, &dec)) return -1;
+  if (self->trie) {  // tables may be in use by an encode running without the GIL
+    PyErr_SetString(PyExc_RuntimeError, "Tokenizer is already initialised; create a new one");
+    return -1;
+  }
   try {
-    delete self->trie;
-    delete self->dec_off;
-    delete self->dec_known;
-    delete self->dec_bytes;
-    release_id_objs(self);
     self->trie = new Trie();
     self->dec_off = new std::vector<uint32_t>();
     self->dec_known = new std::vector<uint8_t>();
