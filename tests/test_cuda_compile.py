@@ -29,7 +29,8 @@ import pytest
 
 # The kernels compiled for the CPU and run through a CUDA emulator (see that module's docstring).
 from tests.cuda.emu.emulated_tests import (  # noqa: F401
-    emu_gen, emu_lib, test_emulated_mm8, test_emulated_wkv, test_emulated_wkv4)
+    emu_gen, emu_lib, test_emulated_linear_one, test_emulated_mm8, test_emulated_wkv,
+    test_emulated_wkv4)
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "csrc" / "cuda"
@@ -158,7 +159,7 @@ def test_cuda_source_compiles(compiled, source):
 
 
 def test_every_kernel_family_has_sources():
-    for family in ("wkv4", "wkv5", "wkv6", "wkv7", "mm8"):
+    for family in ("wkv4", "wkv5", "wkv6", "wkv7", "mm8", "linear"):
         assert (CUDA_DIR / f"{family}.cu").exists(), family
     assert (CUDA_DIR / "gemm_fp16.cpp").exists()
 

@@ -42,5 +42,10 @@ void mm8_forward(Act act, int64_t T, int64_t N, int64_t M, const void* x, int64_
                  const uint8_t* w, const void* mx, const void* rx, const void* my, const void* ry,
                  void* y, int64_t ldy, bool vec, cudaStream_t stream);
 
+// linear_one: y [M] = x [N] @ w [N, M], all bf16, w column-major (column m at w + m * N), fp32
+// accumulation. `vec`: N % 8 == 0 and 16-byte aligned x and w (16-byte loads).
+void linear_one_bf16(int64_t N, int64_t M, const void* x, const void* w, void* y, bool vec,
+                     cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace rwkv

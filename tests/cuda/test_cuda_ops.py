@@ -21,7 +21,6 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
 
 DEV = "cuda"
-LOW = (torch.float16, torch.bfloat16)
 
 
 def op(name):
@@ -282,6 +281,24 @@ def test_gemm_fp16_fp32_out_does_not_overflow(gen):
     assert torch.isinf(op("gemm_fp16")(a, b, False)).all()
 
 
+# ----------------------------------------------------------------------------- linear_one
+
+@pytest.mark.parametrize("N,M", [(1024, 1024), (4096, 1000), (100, 37), (8, 3)])
+def test_linear_one_matches_reference(N, M, gen):
+    x = uni((N,), gen, dtype=torch.bfloat16)
+    w = uni((M, N), gen, dtype=torch.bfloat16).t()  # the model's column-major weight
+    y = op("linear_one")(x, w)
+    assert y.shape == (M,) and y.dtype == torch.bfloat16
+    want = x.double().cpu() @ w.double().cpu()
+    err = float((y.double().cpu() - want).abs().max())
+    err_low = float((want.to(torch.bfloat16).double() - want).abs().max())
+    assert err <= 2 * err_low + torch.finfo(torch.bfloat16).eps * float(want.abs().max()) + 1e-5 * N
+    assert torch.equal(op("linear_one")(x, w), y)  # deterministic
+    xm = torch.empty(N + 1, device=DEV, dtype=torch.bfloat16)[1:]
+    xm.copy_(x)  # misaligned: the scalar-load path
+    torch.testing.assert_close(op("linear_one")(xm, w), y, rtol=1e-2, atol=1e-2)
+
+
 # ------------------------------------------------------------------- streams, graphs, opcheck
 
 def test_ops_run_on_the_current_stream(gen):
@@ -326,6 +343,8 @@ def test_opcheck_cuda(gen):
         "mm8_seq": mm8_inputs(3, 64, 48, torch.bfloat16, gen),
         "gemm_fp16": (uni((3, 16), gen, dtype=torch.float16),
                       uni((16, 8), gen, dtype=torch.float16), True),
+        "linear_one": (uni((16,), gen, dtype=torch.bfloat16),
+                       uni((8, 16), gen, dtype=torch.bfloat16).t()),
     }
     for name, args in cases.items():
         op(name)

@@ -70,6 +70,9 @@ void emu_wkv7(long T, long H, long N, float* s, const float* r, const float* w, 
               const float* v, const float* a, const float* b, float* y) {
   wkv7_forward(T, H, N, s, r, w, k, v, a, b, y, nullptr);
 }
+void emu_linear_one(long N, long M, const void* x, const void* w, void* y, int vec) {
+  linear_one_bf16(N, M, x, w, y, vec != 0, nullptr);
+}
 void emu_mm8(int act, long T, long N, long M, const void* x, long ldx, const unsigned char* w,
              const void* mx, const void* rx, const void* my, const void* ry, void* y, long ldy,
              int vec) {
@@ -200,4 +203,19 @@ def test_emulated_mm8(emu_lib, T, N, M, dtype, emu_gen):
             bound += 2 * float((want.to(dtype).double() - want).abs().max())
             bound += torch.finfo(dtype).eps * float(want.abs().max())
         err = float((y.double() - want).abs().max())
+        assert err <= bound, (vec, err, bound)
+
+
+@needs_emu
+@pytest.mark.parametrize("N,M", [(64, 48), (40, 37), (20, 5), (1, 3), (256, 17)])
+def test_emulated_linear_one(emu_lib, N, M, emu_gen):
+    x = rand((N,), emu_gen, -1, 1, torch.bfloat16)
+    w = rand((M, N), emu_gen, -1, 1, torch.bfloat16).t()  # column-major
+    want = x.double() @ w.double()
+    for vec in ([0, 1] if N % 8 == 0 else [0]):
+        y = torch.full((M,), float("nan"), dtype=torch.bfloat16)
+        emu_lib.emu_linear_one(*L(N, M), ptr(x), ptr(w), ptr(y), vec)
+        err = float((y.double() - want).abs().max())
+        bound = 2 * float((want.to(torch.bfloat16).double() - want).abs().max()) \
+            + torch.finfo(torch.bfloat16).eps * max(1.0, float(want.abs().max())) + 1e-5 * N
         assert err <= bound, (vec, err, bound)
