@@ -84,6 +84,9 @@ sys.path.insert(0, str(REPO))
 SIZES = {"0.4b": dict(n_layer=24, n_embd=1024), "1.5b": dict(n_layer=24, n_embd=2048),
          "7b": dict(n_layer=32, n_embd=4096)}
 VOCAB = 65536
+# Rough seconds one size needs (checkpoint, loads, both strategies, upstream); a size is only
+# started when this much of --budget-s is left, so a late 7B row is skipped, not cut off.
+COST_S = {"0.4b": 25, "1.5b": 50, "7b": 150}
 NOMINAL_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
 
@@ -251,7 +254,7 @@ def main(argv=None) -> int:
     rows = []
     for size in a.sizes.split(","):
         for version in a.versions.split(","):
-            if time.monotonic() - start > a.budget_s:
+            if time.monotonic() - start + COST_S.get(size, 60) > a.budget_s:
                 emit({"kind": "skipped", "size": size, "version": version, "why": "budget"}, sink)
                 continue
             path = workdir / f"bench-{size}-v{version}.pth"
@@ -278,6 +281,8 @@ def main(argv=None) -> int:
                     rows.append(row_for(size, version, strategy, variant, ours, up, nominal,
                                         measured))
                     emit(rows[-1], sink)
+                    if a.markdown:  # rewritten after every row: a later timeout keeps the table
+                        Path(a.markdown).write_text(markdown(rows, nominal, measured) + "\n")
             path.unlink(missing_ok=True)
     table = markdown(rows, nominal, measured)
     print("\n" + table)
