@@ -1,0 +1,161 @@
+"""Decode and prefill speed of whole models, ours against the upstream package, in ONE run.
+
+    python benchmarks/bench_model.py [--sizes 0.1b,1.5b] [--versions 4,6,7]
+        [--strategies "cpu fp32,cpu bf16,cpu fp32i8,cpu bf16i8"] [--decode 50] [--prefill 512]
+        [--threads 2] [--no-upstream]
+
+For each seeded random-weight checkpoint (shapes like RWKV 0.1B and 1.5B) and strategy it measures
+decode ms/token (median of --decode single-token forwards after warm-up) and prefill tokens/s (one
+--prefill-token forward), ours in this process and upstream 0.8.32 (``.upstream/``) in a subprocess
+on the same file, plus the machine's memory read bandwidth in the same run. Each row prints both
+figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a share of the
+measured bandwidth. Upstream's v7 class has no int8 ("n/a").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import emit, header  # noqa: E402
+from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint  # noqa: E402
+
+SIZES = {"0.1b": dict(n_layer=12, n_embd=768), "0.4b": dict(n_layer=24, n_embd=1024),
+         "1.5b": dict(n_layer=24, n_embd=2048)}
+VOCAB = 65536
+UPSTREAM_RUNNER = Path(__file__).resolve().parent / "_upstream_bench.py"
+
+
+def memory_bandwidth(threads: int) -> float:
+    """Read bandwidth in GB/s: summing a 1 GiB fp32 tensor, far larger than any cache."""
+    torch.set_num_threads(threads)
+    a = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
+    a.sum()
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a.sum()
+        best = max(best, a.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    del a
+    return best
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
+    one row)."""
+    total = 0
+    for k, t in model.w.items():
+        if k == "emb.weight":
+            total += t.shape[1] * t.element_size()
+        else:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def bench_ours(path: str, strategy: str, decode: int, prefill: int) -> dict:
+    from rwkv.model import RWKV
+
+    m = RWKV(path, strategy, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, VOCAB, (prefill,), generator=g).tolist()
+    m.forward(prompt[:16], None)  # warm-up
+    t0 = time.perf_counter()
+    _, state = m.forward(prompt, None)
+    prefill_s = time.perf_counter() - t0
+    for t in prompt[:3]:
+        _, state = m.forward([t], state)
+    times = []
+    for t in prompt[:decode]:
+        t0 = time.perf_counter()
+        _, state = m.forward([t], state)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"decode_ms": 1000 * times[len(times) // 2], "prefill_tps": prefill / prefill_s,
+            "bytes": weight_bytes_per_token(m)}
+
+
+def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(RWKV_JIT_ON="1", RWKV_CUDA_ON="0")
+    if v7:
+        env["RWKV_V7_ON"] = "1"
+    job = json.dumps({"path": path, "strategy": strategy, "decode": decode, "prefill": prefill,
+                      "threads": threads, "v7": v7, "upstream": str(REPO / ".upstream"), "vocab": VOCAB})
+    r = subprocess.run([sys.executable, "-I", str(UPSTREAM_RUNNER), job], capture_output=True, text=True,
+                       env=env, cwd=tempfile.gettempdir())
+    if r.returncode != 0:
+        return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="0.1b,1.5b")
+    p.add_argument("--versions", default="4,6,7")
+    p.add_argument("--strategies", default="cpu fp32,cpu bf16,cpu fp32i8,cpu bf16i8")
+    p.add_argument("--decode", type=int, default=50)
+    p.add_argument("--upstream-decode", type=int, default=None, help="tokens for upstream (default: --decode)")
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-upstream", action="store_true")
+    p.add_argument("--workdir", default=None)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    header("bench_model", decode_tokens=a.decode, prefill_tokens=a.prefill)
+    bw = memory_bandwidth(a.threads)
+    emit({"kind": "memory_bandwidth", "GBps": round(bw, 2), "threads": a.threads})
+    workdir = Path(a.workdir or tempfile.mkdtemp(prefix="rwkv-bench-"))
+    rows = []
+    for size in a.sizes.split(","):
+        for version in a.versions.split(","):
+            path = workdir / f"bench-{size}-v{version}.pth"
+            if not path.exists():
+                sd = make_checkpoint(version, vocab=VOCAB, head_size=64, seed=0, dtype=torch.bfloat16,
+                                     **SIZES[size])
+                save_checkpoint(path, sd)
+                del sd
+            for strategy in a.strategies.split(","):
+                strategy = strategy.strip()
+                ours = bench_ours(str(path), strategy, a.decode, a.prefill)
+                up = {"error": "skipped"}
+                if not a.no_upstream:
+                    if version == "7" and "i8" in strategy:
+                        up = {"error": "n/a (upstream v7 has no int8)"}
+                    else:
+                        up = bench_upstream(str(path), strategy, a.upstream_decode or a.decode, a.prefill,
+                                            a.threads, version == "7")
+                gbps = ours["bytes"] / (ours["decode_ms"] / 1000) / 1e9
+                row = {"kind": "model", "size": size, "version": version, "strategy": strategy,
+                       "ours_decode_ms": round(ours["decode_ms"], 2),
+                       "upstream_decode_ms": round(up["decode_ms"], 2) if "decode_ms" in up else up.get("error"),
+                       "decode_speedup": round(up["decode_ms"] / ours["decode_ms"], 2) if "decode_ms" in up else None,
+                       "ours_prefill_tps": round(ours["prefill_tps"], 1),
+                       "upstream_prefill_tps": round(up["prefill_tps"], 1) if "prefill_tps" in up else None,
+                       "prefill_speedup": round(ours["prefill_tps"] / up["prefill_tps"], 2) if "prefill_tps" in up else None,
+                       "weight_MB_per_token": round(ours["bytes"] / 1e6, 1), "ours_GBps": round(gbps, 2),
+                       "pct_of_bandwidth": round(100 * gbps / bw, 1)}
+                emit(row)
+                rows.append(row)
+    print("\n| size | v | strategy | ours ms/tok | upstream ms/tok | x | ours prefill tok/s | upstream | x | MB/tok | GB/s | % BW |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['size']} | {r['version']} | {r['strategy']} | {r['ours_decode_ms']} | {r['upstream_decode_ms']} | "
+              f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {r['upstream_prefill_tps']} | {r['prefill_speedup']} | "
+              f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} |")
+    print(f"\nmemory read bandwidth: {bw:.1f} GB/s ({a.threads} threads)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
