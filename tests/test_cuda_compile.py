@@ -11,6 +11,9 @@ machine without a GPU or a CUDA build of torch (setup.py only builds CUDA with b
 
 All jobs run up front, two at a time, in one module fixture; each file is then its own test.
 Skips (with the reason) only when nvcc is absent. Timings are printed (``pytest -s``).
+
+This module also collects the emulated kernel tests of tests/cuda/emu/emulated_tests.py: the
+kernels compiled for the CPU and run through a small CUDA emulator against the float64 spec.
 """
 
 from __future__ import annotations
