@@ -103,11 +103,14 @@ def _jobs(tmp: Path) -> dict:
     incs, defs = _torch_flags()
     cuda_inc = _cuda_include(NVCC)
     jobs = {}
+    # torch's own nvcc flags (no implicit half/bf16 conversions, ...) as a real build adds them.
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
     for src in sorted(CUDA_DIR.glob("*.cu")):
         gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
         jobs[src.name] = [NVCC, "-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-O3",
-                          "-Xcompiler", "-fPIC", *gencode, *incs, *defs, "-c", str(src),
-                          "-o", str(tmp / (src.name + ".o"))]
+                          *COMMON_NVCC_FLAGS, "-Xcompiler", "-fPIC", *gencode, *incs, *defs,
+                          "-c", str(src), "-o", str(tmp / (src.name + ".o"))]
     cxx = os.environ.get("CXX", "c++")
     standin = tmp / "standin"
     for src in sorted(CUDA_DIR.glob("*.cpp")):
