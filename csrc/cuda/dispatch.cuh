@@ -1,6 +1,6 @@
 // Compile-time head size bucket for the wkv5/6/7 kernels: the smallest of 16, 32, 64, 128, 256
 // that holds the runtime head size n (the kernels mask channels >= n). The torch glue rejects
-// n > kWkvMaxHeadSize first (kernels.h), so the default branch is unreachable through the ops.
+// n > kWkvMaxHeadSize first (kernels.h); a larger n would launch nothing.
 #pragma once
 
 #define RWKV_HEAD_SIZE_CASE(bucket, CONST_NAME, ...) \
