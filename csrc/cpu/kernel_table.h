@@ -27,6 +27,9 @@ struct KernelTable {
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.
   void (*mm8)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* xs,
               const uint8_t* q, const float* sums, const float* rx, const float* mx, float* y);
+  // mm8_seq's tiles: columns [m0, m1) of q as rows of out [m1 - m0, N]: fp32, or bf16 of q - 128.
+  void (*mm8_tile_f32)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, float* out);
+  void (*mm8_tile_bf16)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, uint16_t* out);
   // linear_one on output columns [m0, m1): y[m] = x . w[:, m], column m (bf16) at w + m*N;
   // x [N] fp32.
   void (*linear_one_bf16)(int64_t N, int64_t m0, int64_t m1, const float* x, const uint16_t* w,

@@ -83,7 +83,7 @@ def _dispatch_key(device_type: str) -> str:
 def _why_missing(name: str, device_type: str) -> str:
     if _load_error is not None:
         return _load_error
-    if device_type == "cuda":
+    if device_type == "cuda" and not any(has_kernel(op, "CUDA") for op in _schemas.OPS):
         return ("rwkv._C was built without CUDA kernels (rebuild with RWKV_BUILD_CUDA=1 against "
                 "a CUDA build of torch)")
     if (name, device_type) in _REFERENCE_BY_DESIGN:
@@ -91,12 +91,14 @@ def _why_missing(name: str, device_type: str) -> str:
     return f"rwkv._C has no {name} kernel for device type '{device_type}'"
 
 
-def resolve(name: str, device_type: str, mode: str = "auto") -> Callable:
+def resolve(name: str, device_type, mode: str = "auto") -> Callable:
     """Returns the implementation of op ``name`` for ``device_type`` ("cpu", "cuda", ...).
 
-    mode "auto": the compiled kernel when one is registered, else the reference (warning once
+    ``device_type`` may also be a ``torch.device``. mode "auto": the compiled kernel when one is registered, else the reference (warning once
     per op, device and reason); "compiled": the kernel or a RuntimeError saying why there is
     none; "reference": the pure-torch reference. The result has the op's signature."""
+    if isinstance(device_type, torch.device):
+        device_type = device_type.type
     key = (name, device_type, mode)
     fn = _resolved.get(key)
     if fn is not None:

@@ -36,6 +36,10 @@ def test_resolve_reference_and_compiled():
         assert ops.resolve("wkv7_forward", "cpu") is torch.ops.rwkv.wkv7_forward.default
 
 
+def test_resolve_accepts_a_torch_device():
+    assert ops.resolve("wkv4_forward", torch.device("cpu"), "reference") is ops.reference.wkv4_forward
+
+
 def test_auto_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(_backend, "_resolved", {})
     monkeypatch.setattr(_backend, "_warned", set())

@@ -63,7 +63,8 @@ def test_mm8_any_weight_strides(layout, T, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T,N,M", [(0, 77, 45), (0, 1000, 67), (3, 200, 36), (2, 15, 5)])
+@pytest.mark.parametrize("T,N,M", [(0, 77, 45), (0, 1000, 67), (3, 200, 36), (2, 15, 5),
+                                   (40, 100, 37)])
 def test_mm8_isa(cpu_isa, dtype, T, N, M, rng):
     fn = compiled_or_skip(op_name(T))
     with _testing.force_cpu_isa(cpu_isa):
@@ -71,7 +72,7 @@ def test_mm8_isa(cpu_isa, dtype, T, N, M, rng):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("T,N,M", [(0, 0, 5), (0, 6, 0), (3, 0, 4), (0, 0, 0)])
+@pytest.mark.parametrize("T,N,M", [(0, 0, 5), (0, 6, 0), (3, 0, 4), (0, 0, 0), (40, 0, 3), (40, 5, 0)])
 def test_mm8_empty_sizes(impl, T, N, M, rng):
     fn = implementation(op_name(T), impl, "cpu")
     x, w, mx, rx, my, ry = make_inputs(T, N, M, rng)
@@ -98,9 +99,11 @@ def test_mm8_threaded_large(rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T,N,M", [(32, 40, 19), (40, 2100, 70), (33, 5, 300)])
+@pytest.mark.parametrize("T,N,M", [(16, 40, 19), (32, 40, 19), (40, 2100, 70), (33, 5, 300),
+                                   (64, 3000, 600)])
 def test_mm8_seq_tiled_path(dtype, T, N, M, rng):
-    # From 32 rows on, mm8_seq converts column tiles to fp32 and uses at::mm (csrc/cpu/mm8.cpp).
+    # From 32 rows on (bf16 x: 16), mm8_seq converts column tiles of w (fp32, or bf16 for bf16 x)
+    # and uses at::mm (csrc/cpu/mm8.cpp); (64, 3000, 600) spans several tiles of either kind.
     check(compiled_or_skip("mm8_seq"), T, N, M, rng, dtype)
 
 

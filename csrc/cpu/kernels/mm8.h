@@ -126,6 +126,34 @@ inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const fl
   for (; t < T; ++t) mm8_columns_rows<V, B, 1>(N, M, m, t, xs, q, sums, rx, mx, y);
 }
 
+// Tiles for mm8_seq's BLAS path: columns [m0, m1) of q as rows of out [m1 - m0, N], either as
+// fp32 or, for bf16 GEMMs, as bf16 q - 128 (integers in [-128, 127], exact in bf16).
+template <class V>
+void mm8_tile_f32(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, float* out) {
+  using S = typename V::Tail;
+  for (int64_t m = m0; m < m1; ++m) {
+    const uint8_t* src = q + m * N;
+    float* dst = out + (m - m0) * N;
+    int64_t n = 0;
+    for (; n + V::width <= N; n += V::width) V::store(dst + n, V::load_u8(src + n));
+    for (; n < N; ++n) S::store(dst + n, S::load_u8(src + n));
+  }
+}
+
+template <class V>
+void mm8_tile_bf16(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, uint16_t* out) {
+  using S = typename V::Tail;
+  const typename V::reg c = V::set1(128.0f);
+  for (int64_t m = m0; m < m1; ++m) {
+    const uint8_t* src = q + m * N;
+    uint16_t* dst = out + (m - m0) * N;
+    int64_t n = 0;
+    for (; n + V::width <= N; n += V::width)
+      V::store_bf16_exact(dst + n, V::sub(V::load_u8(src + n), c));
+    for (; n < N; ++n) S::store_bf16_exact(dst + n, S::sub(S::load_u8(src + n), 128.0f));
+  }
+}
+
 template <class V>
 void mm8(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* xs,
          const uint8_t* q, const float* sums, const float* rx, const float* mx, float* y) {

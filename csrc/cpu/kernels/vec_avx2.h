@@ -65,6 +65,13 @@ struct VecAvx2 {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // The high halves of a (see VecScalar::store_bf16_exact).
+  static void store_bf16_exact(uint16_t* p, reg a) {
+    const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(a), 16);
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
 };
 
 }  // namespace RWKV_ISA

@@ -57,6 +57,11 @@ struct VecAvx512 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // The high halves of a (see VecScalar::store_bf16_exact).
+  static void store_bf16_exact(uint16_t* p, reg a) {
+    const __m512i hi = _mm512_srli_epi32(_mm512_castps_si512(a), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(hi));
+  }
 };
 
 }  // namespace RWKV_ISA

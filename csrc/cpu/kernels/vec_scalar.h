@@ -40,6 +40,12 @@ struct VecScalar {
     __builtin_memcpy(&f, &bits, sizeof f);
     return f;
   }
+  // The high half of a; exact for values with at most 8 significant bits (small integers).
+  static void store_bf16_exact(uint16_t* p, reg a) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, &a, sizeof bits);
+    *p = static_cast<uint16_t>(bits >> 16);
+  }
 };
 
 }  // namespace RWKV_ISA
