@@ -112,8 +112,14 @@ if ((GPU)); then
   if [[ -f .gpu_carry/rwkv/model.py ]]; then
     UP="$REPO/.gpu_carry"
   elif compgen -G ".gpu_carry/*.whl" >/dev/null; then
-    run_step "install upstream wheel" 60 bench.log "$PY" -m pip install -q --no-deps --no-index \
-      --target /tmp/upstream .gpu_carry/*.whl && UP=/tmp/upstream
+    WHL=$(compgen -G ".gpu_carry/*.whl" | head -1)
+    if run_step "install upstream wheel" 60 bench.log "$PY" -m pip install -q --upgrade --no-deps \
+      --no-index --target /tmp/upstream "$WHL"; then
+      UP=/tmp/upstream
+    elif run_step "unpack upstream wheel (no pip)" 30 bench.log "$PY" -c \
+      "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/upstream')" "$WHL"; then
+      UP=/tmp/upstream  # a pure-Python wheel is importable once unpacked
+    fi
   fi
   UPARGS=(--no-upstream)
   [[ -n $UP ]] && UPARGS=(--upstream "$UP")
