@@ -20,6 +20,7 @@ from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7
                       slot_of)
 from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
 from .models.base import Runtime, StateError, TokenError
+from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 
 __all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError"]
@@ -45,6 +46,15 @@ def _convert(sd, info, plan, rescale, strategy_string, path):
     return convert_classic(sd, info, plan, rescale)
 
 
+def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    """A dense (pinned) host copy of a streamed matrix in its layout: a column-major (in, out) view
+    stays column-major, so the per-call device copy is what mm8 (and gemm_fp16) read in place."""
+    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+        return (t.t().pin_memory() if pin else t.t()).t()
+    t = t.contiguous()
+    return t.pin_memory() if pin else t
+
+
 def _place(w: dict, plan, n_layer: int) -> None:
     """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
@@ -59,7 +69,7 @@ def _place(w: dict, plan, n_layer: int) -> None:
         if dd.device == "cpu":
             continue
         if dd.stream and key.endswith(STREAM_NAMES):
-            w[key] = t.contiguous().pin_memory() if pin else t.contiguous()
+            w[key] = _host_copy(t, pin)
         else:
             w[key] = t.to(device=dd.device)
 
@@ -87,13 +97,18 @@ class RWKV(torch.nn.Module):
     full_output=False)`` returns ``(logits, state)`` with upstream's state layout and fp32 logits.
 
     Keyword-only extras: ``kernels="auto"|"compiled"|"reference"`` (env ``RWKV_KERNELS``) forces the
-    op implementation; ``rescale_layer`` overrides ``RWKV_RESCALE_LAYER``.
+    op implementation; ``rescale_layer`` overrides ``RWKV_RESCALE_LAYER``; ``cuda_graph=True``
+    replays a CUDA graph for one-token calls (one CUDA device, no streaming, else ``ValueError``;
+    see ``rwkv/models/cuda_graph.py``).
     """
 
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
-                 kernels: str | None = None, rescale_layer: int | None = None):
+                 kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False):
         super().__init__()
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
         env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
+        graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
         if convert_and_save_and_exit is not None and info.converted:
             raise CheckpointError(f"RWKV: {path!r} is already converted; convert the original checkpoint")
         if verbose:
@@ -129,6 +144,8 @@ class RWKV(torch.nn.Module):
         self.n_embd, self.n_layer, self.n_head, self.head_size = (info.n_embd, info.n_layer, info.n_head,
                                                                   info.head_size)
         self._rt = Runtime(info, w, plan, rescale, mode)
+        self.cuda_graph = cuda_graph
+        self._graph = CudaGraphDecoder(self._rt, graph_dev) if cuda_graph else None
         if verbose:
             self._print_plan(plan)
 
@@ -148,7 +165,10 @@ class RWKV(torch.nn.Module):
             else:
                 self._rt.validate_state(state)
                 state_in = state
-            logits, new_state = self._rt.forward(ids, state_in, bool(full_output))
+            if self._graph is not None and ids.numel() == 1:  # one token: same result, logits [V]
+                logits, new_state = self._graph.forward_one(ids, state_in)
+            else:
+                logits, new_state = self._rt.forward(ids, state_in, bool(full_output))
             if state is None or self.version == 7 or not isinstance(state, list):
                 return logits, new_state
             state[:] = new_state

@@ -14,7 +14,7 @@ import torch
 
 from ..loading import ModelInfo
 from ..strategy import LayerPlacement
-from .common import Projection, layer_norm
+from .common import Projection, concrete_device, layer_norm
 from .ffn import ChannelMix
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
@@ -50,7 +50,7 @@ class Runtime:
         self.info, self.w, self.plan, self.rescale = info, w, plan, rescale
         L = info.n_layer
         self.per_layer = 5 if info.version == 4 else 3
-        self.devices = [torch.device(dd.device) for dd in plan]
+        self.devices = [concrete_device(dd.device) for dd in plan]
         tm_cls = _time_mix_class(info.version)
         self.att, self.ffn = [], []
         for i in range(L):
@@ -131,8 +131,12 @@ class Runtime:
     def forward(self, tokens: torch.Tensor, state: list, full_output: bool):
         """tokens: [T] int64 on CPU, already validated. Returns (logits fp32, new state list).
         The input state's tensors are never written: the kernels update private copies."""
+        return self.run(self.emb[tokens], state, full_output)
+
+    def run(self, x: torch.Tensor, state: list, full_output: bool):
+        """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). Captured
+        in a CUDA graph by models/cuda_graph.py: no host syncs or data-dependent branches here."""
         info, per = self.info, self.per_layer
-        x = self.emb[tokens]
         new_state = list(state)
         v_first = None
         for i in range(info.n_layer):

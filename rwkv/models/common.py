@@ -23,6 +23,15 @@ def token_shift(xx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
     return torch.cat((sx.unsqueeze(0), xx[:-1]))
 
 
+def concrete_device(device) -> torch.device:
+    """``cuda`` (no index) as the CUDA device current now, i.e. where weight placement puts it, so
+    later state allocation, state checks and streaming do not follow a changed current device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class Projection:
     """``x @ W`` for x: [T, in] -> [T, out], W stored (in, out) as upstream does.
 
@@ -34,7 +43,7 @@ class Projection:
 
     def __init__(self, w: dict, key: str, dd: LayerPlacement, mode: str, stream: bool = False):
         self.key = key
-        self.device = torch.device(dd.device)
+        self.device = concrete_device(dd.device)
         self.weight = w[key]
         self.int8 = self.weight.dtype == torch.uint8
         self.stream = stream and self.device.type != "cpu"
