@@ -21,6 +21,7 @@ Extras, all keyword-only so upstream calls are unchanged: ``sample_logits(..., g
 ``generate_stream(...)`` (see ``rwkv.generation``).
 """
 
+import operator
 import os
 
 from .generation import GenerationStream
@@ -102,12 +103,16 @@ class PIPELINE:
         if strict:
             if hasattr(self.tokenizer, "decode_strict"):
                 return self.tokenizer.decode_strict(x)
-            x = list(x)
-            size = self.vocab_size_of_tokenizer()
+            x, size = list(x), self.vocab_size_of_tokenizer()
             for pos, i in enumerate(x):
-                if not isinstance(i, int) or not 0 <= i < size:
+                try:
+                    ok = 0 <= operator.index(i) < size
+                except TypeError:
+                    ok = False
+                if not ok:
                     raise ValueError(f"token id {i!r} at position {pos} is outside the vocabulary "
                                      f"(valid ids: 0..{size - 1})")
+            x = [operator.index(i) for i in x]
         return self.tokenizer.decode(x)
 
     def vocab_size_of_tokenizer(self):

@@ -97,6 +97,10 @@ def test_strict_decode_world_and_20b():
         neox.decode([187, 50282], strict=True)
     with pytest.raises(ValueError, match="token id -1"):
         neox.decode([-1], strict=True)
+    with pytest.raises(ValueError, match="token id 'a'"):
+        neox.decode(["a"], strict=True)
+    np = pytest.importorskip("numpy")
+    assert neox.decode(np.array([187, 187]), strict=True) == "\n\n"
     assert neox.decode(neox.encode("Hello\n\nworld"), strict=True) == "Hello\n\nworld"
 
 
