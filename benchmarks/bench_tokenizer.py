@@ -80,7 +80,8 @@ def main():
     n_bytes = len(text.encode("utf-8"))
     ours = TRIE_TOKENIZER(WORLD_VOCAB_FILE)
     if not ours.native:
-        sys.exit("rwkv._tokenizer is not built: flock /tmp/rwkv-build.lock python setup.py build_ext --inplace")
+        sys.exit("rwkv._tokenizer is not built: "
+                 "flock /tmp/rwkv-build.lock python setup.py build_ext --inplace")
     enc_t, ids = best_of(lambda: ours.encode(text), args.repeat)
     dec_t, back = best_of(lambda: ours.decode(ids), args.repeat)
     assert back == text, "round trip failed"

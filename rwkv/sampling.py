@@ -80,22 +80,20 @@ def _truncate_numpy(probs, temperature, top_p, top_k):
     """Upstream's CPU rule on a float32 numpy vector (modified in place): cut, top_k, temperature."""
     order = np.argsort(probs)
     descending = probs[order][::-1]
-    reached = np.cumsum(descending) >= top_p
-    cutoff = float(descending[np.argmax(reached)])  # no entry reaches top_p -> index 0 -> greedy
-    probs[probs < cutoff] = 0
-    if 0 < top_k < len(probs):
-        probs[order[:-top_k]] = 0
-    if temperature != 1.0:
-        probs = probs ** (1.0 / temperature)
-    return probs
+    return _cut(probs, order, descending, np.cumsum(descending), temperature, top_p, top_k)
 
 
 def _truncate_torch(probs, temperature, top_p, top_k):
     """Upstream's non-CPU rule, in torch on the tensor's device (modified in place)."""
     order = torch.argsort(probs)
     descending = torch.flip(probs[order], dims=(0,))
-    reached = torch.cumsum(descending, dim=-1).cpu().numpy() >= top_p
-    cutoff = float(descending[int(np.argmax(reached))])
+    cumulative = torch.cumsum(descending, dim=-1).cpu().numpy()
+    return _cut(probs, order, descending, cumulative, temperature, top_p, top_k)
+
+
+def _cut(probs, order, descending, cumulative, temperature, top_p, top_k):
+    # The first entry whose cumulative sum reaches top_p; none does -> index 0 -> greedy.
+    cutoff = float(descending[int(np.argmax(cumulative >= top_p))])
     probs[probs < cutoff] = 0
     if 0 < top_k < len(probs):
         probs[order[:-top_k]] = 0

@@ -34,15 +34,18 @@ def models(ckpts):
     return {v: RWKV(model=p, strategy="cpu fp32", verbose=False) for v, p in ckpts.items()}
 
 
+# Wraps a model and records every token list fed to forward; also defined in the upstream child.
+RECORDER_SRC = r'''
 class Recorder:
-    """Wraps a model and records every token list fed to forward (kept outside the model)."""
-
     def __init__(self, model):
         self.model, self.fed = model, []
-
     def forward(self, tokens, state, full_output=False):
         self.fed.append([int(t) for t in tokens])
         return self.model.forward(tokens, state, full_output)
+'''
+_ns = {}
+exec(RECORDER_SRC, _ns)
+Recorder = _ns["Recorder"]
 
 
 _SNIPPET = r'''
@@ -52,12 +55,6 @@ if PAYLOAD['v7']:
 import numpy as np
 from rwkv.model import RWKV
 from rwkv.utils import PIPELINE, PIPELINE_ARGS
-class Recorder:
-    def __init__(self, model):
-        self.model, self.fed = model, []
-    def forward(self, tokens, state, full_output=False):
-        self.fed.append([int(t) for t in tokens])
-        return self.model.forward(tokens, state, full_output)
 RESULT = []
 pipe = PIPELINE(None, 'rwkv_vocab_v20230424')  # built once: upstream's World tokenizer takes seconds
 for path in PAYLOAD['models']:
@@ -77,9 +74,10 @@ GREEDY = dict(temperature=0, top_p=0.85, alpha_frequency=0.3, alpha_presence=0.3
 
 def test_greedy_generate_matches_upstream(ckpts, models):
     classic = [v for v in VERSIONS if v != "7"]
-    want = run_upstream(_SNIPPET, {"v7": False, "models": [ckpts[v] for v in classic], "prompts": PROMPTS,
-                                   "args": GREEDY})
-    want += run_upstream(_SNIPPET, {"v7": True, "models": [ckpts["7"]], "prompts": PROMPTS, "args": GREEDY})
+    snippet = RECORDER_SRC + _SNIPPET
+    want = run_upstream(snippet, {"v7": False, "models": [ckpts[v] for v in classic], "prompts": PROMPTS,
+                                  "args": GREEDY})
+    want += run_upstream(snippet, {"v7": True, "models": [ckpts["7"]], "prompts": PROMPTS, "args": GREEDY})
     got = []
     pipe = PIPELINE(None, "rwkv_vocab_v20230424")
     for v in classic + ["7"]:
@@ -154,7 +152,8 @@ def test_state_file_refuses_other_models(models, ckpts, tmp_path):
     other = RWKV(model=_write(tmp_path / "other.pth", "5.2", seed=1), strategy="cpu fp32", verbose=False)
     with pytest.raises(ValueError, match="embedding weights differ"):
         load_state(path, other)
-    smaller = RWKV(model=_write(tmp_path / "small.pth", "5.2", vocab=1000), strategy="cpu fp32", verbose=False)
+    smaller = RWKV(model=_write(tmp_path / "small.pth", "5.2", vocab=1000), strategy="cpu fp32",
+                   verbose=False)
     with pytest.raises(ValueError, match="vocab_size"):
         load_state(path, smaller)
     same_bf16 = RWKV(model=ckpts["5.2"], strategy="cpu bf16", verbose=False)

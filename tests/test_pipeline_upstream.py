@@ -17,7 +17,8 @@ TOKENIZER_20B = "/work/shared/data/20B_tokenizer.json"
 
 
 SAMPLE_CASES = [  # (vocab, logit scale, temperature, top_p, top_k)
-    (65536, 1.0, 1.0, 0.85, 0), (65536, 1.0, 1.0, 1.0, 0), (65536, 3.0, 0.7, 0.5, 0), (65536, 3.0, 1.3, 0.9, 40),
+    (65536, 1.0, 1.0, 0.85, 0), (65536, 1.0, 1.0, 1.0, 0), (65536, 3.0, 0.7, 0.5, 0),
+    (65536, 3.0, 1.3, 0.9, 40),
     (65536, 3.0, 0, 0.9, 0), (50277, 2.0, 1.0, 0.0, 0), (50277, 5.0, 2.0, 0.99, 5), (50, 1.0, 1.0, 1.0, 0),
     (50, 1.0, 0.5, 0.3, 3), (50, 2.0, 1.0, 0.95, 100), (7, 0.5, 1.5, 0.8, 2), (7, 0.1, 1.0, 1.0, 0),
 ]
@@ -80,7 +81,8 @@ def upstream():
         pytest.skip("shared 20B_tokenizer.json missing")
     rng = random.Random(5)
     ids = [[rng.randrange(0, 50277) for _ in range(rng.randint(0, 6))] for _ in range(300)] + [[0], [535]]
-    payload = {"sample_cases": SAMPLE_CASES, "seeds": 25, "gen_cases": GEN_CASES, "boost": BOOST, "refine": REFINE_CASES,
+    payload = {"sample_cases": SAMPLE_CASES, "seeds": 25, "gen_cases": GEN_CASES, "boost": BOOST,
+               "refine": REFINE_CASES,
                "tok20b": TOKENIZER_20B, "strings": STRINGS, "ids": ids}
     return payload, run_upstream(_SNIPPET, payload)
 
@@ -123,7 +125,8 @@ def test_generate_matches_upstream(upstream, pipes):
     for (name, prompt, count, kw), (want_text, want_pieces, want_fed) in zip(GEN_CASES, up["gens"]):
         tok = name.split("+")[0]
         pipe = pipes[tok]
-        pipe.model = FakeModel(65536 if tok == "world" else 50277, boost=BOOST[tok] if "+boost" in name else ())
+        boost = BOOST[tok] if "+boost" in name else ()
+        pipe.model = FakeModel(65536 if tok == "world" else 50277, boost=boost)
         np.random.seed(123)
         pieces = []
         text = pipe.generate(prompt, token_count=count, args=PIPELINE_ARGS(**kw), callback=pieces.append)

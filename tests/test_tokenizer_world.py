@@ -107,6 +107,13 @@ def test_no_eval_side_effects(tmp_path):
     assert not marker.exists()
 
 
+def _encode_or_error(tok, data):
+    try:
+        return tok.encodeBytes(data)
+    except ValueError as e:
+        return str(e)
+
+
 def _small_vocab(tmp_path):
     path = tmp_path / "small.txt"
     lines = ["1 'a' 1", "2 'ab' 2", "3 'abc' 3", "4 b'\\xff' 1", "5 ' ' 1", "6 'b' 1", "7 'bca' 3",
@@ -128,13 +135,7 @@ def test_small_vocab_native_equals_python_and_missing_bytes_raise(tmp_path):
     rng = random.Random(1)
     for _ in range(3000):
         data = bytes(rng.choice(b"abc \xff") for _ in range(rng.randint(0, 20)))
-        results = []
-        for tok in (py, nat):
-            try:
-                results.append(tok.encodeBytes(data))
-            except ValueError as e:  # a lone 'c' has no token
-                results.append(str(e))
-        assert results[0] == results[1]
+        assert _encode_or_error(py, data) == _encode_or_error(nat, data)  # a lone 'c' has no token
         ids = [rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]) for _ in range(rng.randint(0, 5))]
         for fn in ("decode", "decodeBytes"):
             try:
@@ -238,10 +239,4 @@ def test_random_vocabularies_native_equals_python(tmp_path):
         py, nat = TRIE_TOKENIZER(str(path), native=False), _native_or_skip(str(path))
         for _ in range(500):
             data = bytes(rng.choice(b"abcde\x00\xff") for _ in range(rng.randint(0, 30)))
-            got = []
-            for tok in (py, nat):
-                try:
-                    got.append(tok.encodeBytes(data))
-                except ValueError as e:
-                    got.append(str(e))
-            assert got[0] == got[1], data
+            assert _encode_or_error(py, data) == _encode_or_error(nat, data), data

@@ -69,7 +69,8 @@ def session(model_path, word_name, sampling, messages, max_new_tokens, seed):
                 out[n] = -float('inf')
             for n in occurrence:
                 out[n] -= (args.alpha_presence + occurrence[n] * args.alpha_frequency)
-            token = pipeline.sample_logits(out, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+            token = pipeline.sample_logits(out, temperature=args.temperature, top_p=args.top_p,
+                                           top_k=args.top_k)
             if token in args.token_stop:
                 break
             all_tokens += [token]
