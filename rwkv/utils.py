@@ -141,6 +141,7 @@ class PIPELINE:
                  stop=None, generator=None, cache=None, return_state=False):
         """Upstream's generate (returns the text). ``return_state=True`` returns ``(text, state)``,
         where the state covers the prompt and every generated token."""
+        args = args if args is not None else PIPELINE_ARGS()
         stream = GenerationStream(self, ctx, token_count, args, callback, state, stop=stop,
                                   generator=generator, cache=cache, complete_state=return_state)
         result = stream.run()
