@@ -50,6 +50,7 @@ STRATEGIES = {
     "cuda bf16i8": (torch.bfloat16, "cpu fp32i8"),
     "cuda fp16i8 *1 -> cpu fp32": (torch.float16, "cpu fp32i8 *1 -> cpu fp32"),
     "cuda fp16 *1+": (torch.float16, "cpu fp32"),  # layer 0 stored, layer 1 streamed per call
+    "cuda fp16i8 *1+": (torch.float16, "cpu fp32i8"),  # int8 streamed from pinned column-major copies
 }
 GRAPH_STRATEGIES = ("cuda fp32", "cuda fp16", "cuda bf16", "cuda fp16i8", "cuda bf16i8")
 EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
@@ -123,7 +124,8 @@ def test_cuda_matches_cpu_fp32(paths, v, strategy):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
-@pytest.mark.parametrize("strategy", ["cuda fp16", "cuda bf16i8", "cuda fp16i8 *1 -> cpu fp32", "cuda fp16 *1+"])
+@pytest.mark.parametrize("strategy", ["cuda fp16", "cuda bf16i8", "cuda fp16i8 *1 -> cpu fp32",
+                                      "cuda fp16 *1+"])
 @pytest.mark.parametrize("v", ["4", "5.2", "7"])
 def test_state_stays_on_its_devices(paths, v, strategy):
     m = RWKV(paths[v], strategy, verbose=False)
