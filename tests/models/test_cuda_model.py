@@ -20,8 +20,8 @@ Tolerances (errors are relative: max |a - b| / max(1, max |b|), b being the fp32
   <= 0.029, cpu fp16i8 vs cpu fp32i8 <= 0.0101, cpu bf16i8 vs cpu fp32i8 <= 0.084): ``REF_CAP``.
 * CUDA graph vs the plain CUDA path: the graph replays the same kernels on the same inputs, so the
   results should be bit-identical; the tolerance, 2 ulps of the activation dtype at the logits'
-  scale (1e-6 relative for fp32), only allows for a cuBLAS algorithm chosen differently under
-  capture. A stale input, a wrong state or a missed copy moves logits by O(1), far beyond it.
+  scale (1e-5 relative for fp32: a reordered fp32 sum of a few hundred terms, over two layers), only
+  allows for a cuBLAS algorithm chosen differently under capture. A stale input, a wrong state or a missed copy moves logits by O(1), far beyond it.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_compiled_and_reference_kernels_agree_on_cuda(paths, v, strategy):
 
 def _graph_tol(strategy) -> float:
     atype = STRATEGIES[strategy][0]
-    return 1e-6 if atype == torch.float32 else 2 * EPS[atype]
+    return 1e-5 if atype == torch.float32 else 2 * EPS[atype]
 
 
 @pytest.mark.cuda
