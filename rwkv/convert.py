@@ -136,7 +136,7 @@ def convert_v7(sd: dict, info: ModelInfo, plan: list[LayerPlacement]) -> dict:
             if dd.quant == "i8":
                 _store_matrix(out, key, t.t(), dd, side_keys)  # column-major (in, out) for mm8
             else:
-                out[key] = t.t().to(dtype=dd.atype).contiguous()
+                out[key] = t.t().to(dtype=dd.atype)  # column-major (in, out) view, as classic
             continue
         out[key] = t.to(dtype=dd.atype)
     sides = {k: out.pop(k) for k in side_keys}

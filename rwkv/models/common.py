@@ -32,6 +32,14 @@ def concrete_device(device) -> torch.device:
     return dev
 
 
+def _compiled(name: str, dispatch_key: str) -> bool:
+    """Whether a compiled kernel is registered (loads rwkv._C once; never warns)."""
+    from ..ops import _backend
+
+    _backend._load()
+    return _backend.has_kernel(name, dispatch_key)
+
+
 class Projection:
     """``x @ W`` for x: [T, in] -> [T, out], W stored (in, out) as upstream does.
 
@@ -55,6 +63,13 @@ class Projection:
         self._gemm16 = None
         if dev_type == "cuda" and self.weight.dtype == torch.float16:
             self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
+        # One-token bf16 products on CPU: our matrix-vector kernel reads the column-major weight at
+        # ~1.7x torch's speed (docs/kernels.md). Only when compiled: torch's matmul is the fallback.
+        self._bf16_one = None
+        if (dev_type == "cpu" and mode != "reference" and self.weight.dtype == torch.bfloat16
+                and self.weight.dim() == 2 and self.weight.t().is_contiguous()
+                and _compiled("linear_one", "CPU")):
+            self._bf16_one = ops.resolve("linear_one", dev_type, mode)
 
     def _weight(self) -> torch.Tensor:
         if self.stream:
@@ -70,6 +85,8 @@ class Projection:
                 y = self._seq(x, W, *self.side)
         elif out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True)
+        elif self._bf16_one is not None and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            y = self._bf16_one(x[0], W).unsqueeze(0)
         else:
             y = x @ W
         return y if out_dtype is None else y.to(out_dtype)
