@@ -139,6 +139,9 @@ class Runtime:
         info, per = self.info, self.per_layer
         new_state = list(state)
         v_first = None
+        # Shift states are the last row of a [T, C] activation; for T > 1 keep a copy of the row, not
+        # a view that would pin (and make copy.deepcopy duplicate) the whole activation.
+        own = (lambda t: t.clone()) if x.shape[0] > 1 else (lambda t: t)  # noqa: E731
         for i in range(info.n_layer):
             dd, dev = self.plan[i], self.devices[i]
             x = x.to(dtype=dd.atype, device=dev)
@@ -148,7 +151,7 @@ class Runtime:
                 aa, bb, pp = (t.clone() for t in s[1:4])
                 x, sx = att(x, s[0], aa, bb, pp)
                 x, sf = ffn(x, s[4])
-                new_state[i * per:(i + 1) * per] = [sx, aa, bb, pp, sf]
+                new_state[i * per:(i + 1) * per] = [own(sx), aa, bb, pp, own(sf)]
             else:
                 S = s[1].clone()
                 if info.version == 7:
@@ -156,7 +159,7 @@ class Runtime:
                 else:
                     x, sx = att(x, s[0], S)
                 x, sf = ffn(x, s[2])
-                new_state[i * per:(i + 1) * per] = [sx, S, sf]
+                new_state[i * per:(i + 1) * per] = [own(sx), S, own(sf)]
             if self.rescale > 0 and (i + 1) % self.rescale == 0:
                 x = x / 2
         if not full_output:
