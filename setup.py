@@ -74,7 +74,14 @@ def _extensions():
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]
     cxx = opt + ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
     include_dirs = [os.path.join(ROOT, "csrc")]
-    ext_kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx})
+    link = []
+    if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
+        # at::parallel_for is a header template: without -fopenmp it silently runs serially.
+        # At run time the libgomp.so.1 torch already loaded is reused (same soname): one thread pool,
+        # sized by torch.set_num_threads.
+        cxx.append("-fopenmp")
+        link.append("-fopenmp")
+    ext_kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=link)
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;8.9;9.0+PTX")
         sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
