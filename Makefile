@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 UPSTREAM := .upstream
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test setup build upstream clean bench
+.PHONY: demo test setup build upstream clean bench eval
 
 demo: setup
 	$(PY) -m rwkv.demo
@@ -40,8 +40,13 @@ upstream: $(UPSTREAM)/rwkv/model.py
 $(UPSTREAM)/rwkv/model.py: | $(VENV)/.deps
 	$(PIP) install --no-deps --target $(UPSTREAM) rwkv==0.8.32
 
+# Benchmarks (not part of `make test`; results and commands go into benchmarks/RESULTS.md).
 bench: setup upstream
 	$(PY) benchmarks/bench_model.py
+
+# Held-out perplexity of the shipped model per strategy, ours beside upstream's.
+eval: setup upstream
+	$(PY) benchmarks/eval_ppl.py
 
 clean:
 	rm -rf build $(UPSTREAM) rwkv/*.so rwkv/_build_info.py
