@@ -29,8 +29,12 @@ $(VENV)/.editable: $(VENV)/.deps setup.py pyproject.toml
 
 # Compile rwkv._C ahead of time, in place, incrementally (ninja keeps build/ between runs).
 build: $(VENV)/.editable
-	flock /tmp/rwkv-build.lock $(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)|Warning|warn" || true
-	@$(PY) -c "import rwkv.ops as o; print('rwkv ops backend:', o.backend_report().splitlines()[0])"
+	@mkdir -p build
+	@echo "building rwkv._C and rwkv._tokenizer (log: build/build.log)"
+	@flock /tmp/rwkv-build.lock $(PY) setup.py build_ext --inplace > build/build.log 2>&1 \
+		|| { tail -n 60 build/build.log; echo "build failed: see build/build.log"; exit 1; }
+	@$(PY) -c "import sys, rwkv.ops as o; r = o.backend_report().splitlines()[0]; print('rwkv ops backend:', r); \
+		sys.exit(0 if r.startswith('compiled') or '$(RWKV_BUILD_EXT)' == '0' else 'the extension did not load: ' + o.backend_report())"
 
 setup: build
 
