@@ -23,7 +23,35 @@ from .models.base import Runtime, StateError, TokenError
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 
-__all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError"]
+__all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError",
+           "DeviceUnavailableError"]
+
+
+class DeviceUnavailableError(ValueError):
+    """The strategy names a device this machine or this torch build cannot use."""
+
+
+def _check_devices(strat) -> None:
+    """Fail before any conversion or placement when a strategy asks for a device that is not there."""
+    for seg in strat.segments:
+        dev = torch.device(seg.device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                why = ("this torch is a CPU-only build" if torch.version.cuda is None
+                       else "no CUDA GPU is visible")
+                raise DeviceUnavailableError(
+                    f"RWKV: strategy segment {seg.text.strip()!r} asks for {seg.device!r}, but {why}; "
+                    "use a 'cpu ...' strategy (e.g. 'cpu fp32' or 'cpu bf16') or install a CUDA build "
+                    "of torch")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise DeviceUnavailableError(
+                    f"RWKV: strategy segment {seg.text.strip()!r} asks for {seg.device!r}, but only "
+                    f"{torch.cuda.device_count()} CUDA device(s) are visible (cuda:0..cuda:"
+                    f"{torch.cuda.device_count() - 1})")
+        elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise DeviceUnavailableError(
+                f"RWKV: strategy segment {seg.text.strip()!r} asks for 'mps', which this machine or torch "
+                "build does not support; use a 'cpu ...' strategy")
 
 
 def _load(model, strategy, rescale_layer, kernels):
@@ -109,6 +137,8 @@ class RWKV(torch.nn.Module):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
         env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
+        if convert_and_save_and_exit is None:
+            _check_devices(strat)  # converting needs no device, like upstream's convert_model.py
         if convert_and_save_and_exit is not None and info.converted:
             raise CheckpointError(f"RWKV: {path!r} is already converted; convert the original checkpoint")
         if verbose:

@@ -143,6 +143,18 @@ def test_bad_strategy(paths, strategy, match):
         RWKV(paths["4"], strategy, verbose=False)
 
 
+def test_unavailable_device_is_a_clear_error(paths, tmp_path):
+    from rwkv.model import DeviceUnavailableError
+    with pytest.raises(DeviceUnavailableError, match=r"cuda:99"):
+        RWKV(paths["4"], "cpu fp32 *1 -> cuda:99 fp16", verbose=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceUnavailableError, match="use a 'cpu ...' strategy"):
+            RWKV(paths["4"], "cuda fp16", verbose=False)
+    # Converting for a GPU strategy needs no GPU (upstream's convert_model.py works the same way).
+    out = convert_checkpoint(paths["4"], "cuda fp16i8 *1 -> cuda fp16", str(tmp_path / "gpu"))
+    assert torch.load(out, weights_only=True)["_strategy"] == "cuda fp16i8 *1 -> cuda fp16"
+
+
 def test_bad_kernels_keyword(paths):
     with pytest.raises(ValueError, match="kernels must be one of"):
         RWKV(paths["4"], "cpu fp32", verbose=False, kernels="fast")
