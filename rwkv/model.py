@@ -20,6 +20,7 @@ from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7
                       slot_of)
 from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
 from .models.base import Runtime, StateError, TokenError
+from .models.common import _compiled
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 
@@ -281,7 +282,8 @@ class RWKV(torch.nn.Module):
         wkv = f"wkv{int(self.info.version)}_forward"
         for a, b, dd in groups:
             dev_type = torch.device(dd.device).type
-            impl = ops.describe(wkv, dev_type, self.kernels) if hasattr(ops, "describe") else self.kernels
+            compiled = self.kernels != "reference" and _compiled(wkv, dev_type.upper())
+            impl = f"compiled({dev_type})" if compiled else "reference"
             span = f"layers {a}-{b}" if a != b else f"layer {a}"
             if b == L:
                 span += " (head)" if a == b else " + head"
