@@ -22,6 +22,7 @@ class CompatEnv:
     v7_on: bool
     rescale_layer: int | None  # None: use the strategy-dependent default
     kernels: str
+    exact_int8: bool
 
 
 def read_env() -> CompatEnv:
@@ -40,7 +41,8 @@ def read_env() -> CompatEnv:
     return CompatEnv(jit_on=os.environ.get("RWKV_JIT_ON") != "0",
                      cuda_on=os.environ.get("RWKV_CUDA_ON") == "1",
                      v7_on=os.environ.get("RWKV_V7_ON") == "1",
-                     rescale_layer=rescale_val, kernels=kernels)
+                     rescale_layer=rescale_val, kernels=kernels,
+                     exact_int8=os.environ.get("RWKV_EXACT_INT8") == "1")
 
 
 def resolve_rescale(env: CompatEnv, strategy_string: str, version: float, override: int | None) -> int:

@@ -14,7 +14,7 @@ import types
 import numpy as np
 import torch
 
-from . import ops
+from . import hugepages, ops
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
@@ -87,8 +87,10 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
 def _place(w: dict, plan, n_layer: int) -> None:
     """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
-    (pinned when CUDA is available) and are copied to the device for each call."""
+    (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
+    layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster."""
     pin = torch.cuda.is_available()
+    on_cpu = []
     for key in list(w):
         t = w[key]
         if key.startswith("emb."):
@@ -96,11 +98,13 @@ def _place(w: dict, plan, n_layer: int) -> None:
             continue
         dd = plan[slot_of(key, n_layer)]
         if dd.device == "cpu":
+            on_cpu.append(key)
             continue
         if dd.stream and key.endswith(STREAM_NAMES):
             w[key] = _host_copy(t, pin)
         else:
             w[key] = t.to(device=dd.device)
+    hugepages.pack(w, on_cpu)
 
 
 def convert_checkpoint(model, strategy: str, out: str, *, rescale_layer: int | None = None) -> str:
@@ -126,16 +130,22 @@ class RWKV(torch.nn.Module):
     full_output=False)`` returns ``(logits, state)`` with upstream's state layout and fp32 logits.
 
     Keyword-only extras: ``kernels="auto"|"compiled"|"reference"`` (env ``RWKV_KERNELS``) forces the
-    op implementation; ``rescale_layer`` overrides ``RWKV_RESCALE_LAYER``; ``cuda_graph=True``
+    op implementation; ``exact_int8=True`` (env ``RWKV_EXACT_INT8=1``) keeps one-token int8 products
+    on CPU in fp32 as upstream does, instead of rounding the activation to int16 (faster; error far
+    below the int8 weight's own, docs/kernels.md); ``rescale_layer`` overrides
+    ``RWKV_RESCALE_LAYER``; ``cuda_graph=True``
     replays a CUDA graph for one-token calls (one CUDA device, no streaming, else ``ValueError``;
     see ``rwkv/models/cuda_graph.py``).
     """
 
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
-                 kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False):
+                 kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
+                 exact_int8: bool | None = None):
         super().__init__()
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
+        if exact_int8 is not None and not isinstance(exact_int8, bool):
+            raise TypeError(f"RWKV: exact_int8 must be True, False or None, got {exact_int8!r}")
         env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
         if convert_and_save_and_exit is None:
@@ -174,7 +184,8 @@ class RWKV(torch.nn.Module):
         # Upstream v7 names, for code written against RWKV_x070.
         self.n_embd, self.n_layer, self.n_head, self.head_size = (info.n_embd, info.n_layer, info.n_head,
                                                                   info.head_size)
-        self._rt = Runtime(info, w, plan, rescale, mode)
+        self.exact_int8 = env.exact_int8 if exact_int8 is None else exact_int8
+        self._rt = Runtime(info, w, plan, rescale, mode, self.exact_int8)
         self.cuda_graph = cuda_graph
         self._graph = CudaGraphDecoder(self._rt, graph_dev) if cuda_graph else None
         if verbose:

@@ -56,11 +56,16 @@ def test_directory_is_rejected(tmp_path):
         resolve_path(str(d))
 
 
-def test_garbage_file_is_a_clear_error(tmp_path):
-    p = tmp_path / "junk.pth"
-    p.write_bytes(os.urandom(4096))
-    with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
-        RWKV(str(p), "cpu fp32", verbose=False)
+@pytest.mark.parametrize("prefix", [b"", b"\x80\x02", b"\x80\x04\x95", b"PK\x03\x04"])
+def test_garbage_file_is_a_clear_error(tmp_path, prefix):
+    # Seeded garbage, some behind a pickle or zip header so the parsers get further: torch's
+    # unpickler then raises IndexError, KeyError, ... which must all become CheckpointError.
+    import random
+    for seed in range(25):
+        p = tmp_path / f"junk{seed}.pth"
+        p.write_bytes(prefix + random.Random(seed).randbytes(4096))
+        with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint|refused to load"):
+            RWKV(str(p), "cpu fp32", verbose=False)
 
 
 def test_truncated_checkpoint_is_a_clear_error(tmp_path, ckpt_dir):

@@ -167,13 +167,37 @@ def test_reference_and_compiled_kernels_agree(paths, v):
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
     for strategy in ("cpu fp32", "cpu fp32i8"):
         ref = RWKV(paths[v], strategy, verbose=False, kernels="reference")
-        fast = RWKV(paths[v], strategy, verbose=False, kernels="compiled")
+        # exact_int8: one-token int8 products in fp32 like the reference (the default rounds the
+        # activation to int16; test_exact_int8_switch covers that path).
+        fast = RWKV(paths[v], strategy, verbose=False, kernels="compiled", exact_int8=True)
         a, sa = ref.forward([1, 2, 3, 4], None)
         b, sb = fast.forward([1, 2, 3, 4], None)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         a, _ = ref.forward([5], sa)
         b, _ = fast.forward([5], sb)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_exact_int8_switch(paths, v, monkeypatch):
+    from rwkv import ops
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    fp32 = RWKV(paths[v], "cpu fp32", verbose=False)
+    exact = RWKV(paths[v], "cpu fp32i8", verbose=False, exact_int8=True)
+    fast = RWKV(paths[v], "cpu fp32i8", verbose=False)
+    monkeypatch.setenv("RWKV_EXACT_INT8", "1")
+    from_env = RWKV(paths[v], "cpu fp32i8", verbose=False)
+    assert (fast.exact_int8, exact.exact_int8, from_env.exact_int8) == (False, True, True)
+    _, s = fp32.forward([1, 2, 3], None)
+    a, b, c, e = (m.forward([5], list(s))[0] for m in (fp32, exact, fast, from_env))  # v4-v6 replace list items
+    assert torch.equal(b, e)
+    # The default differs from fp32 arithmetic (the switch switches) by far less than int8
+    # quantization moves the logits (5%: tests/test_compat_upstream.py explains the figure).
+    diff, quant = float((c - b).abs().max()), float((b - a).abs().max())
+    assert 0 < diff <= 0.05 * quant, (diff, quant)
+    with pytest.raises(TypeError, match="exact_int8 must be True, False or None"):
+        RWKV(paths[v], "cpu fp32i8", verbose=False, exact_int8="yes")
 
 
 @pytest.mark.parametrize("v", VERSIONS)

@@ -10,6 +10,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
@@ -18,7 +20,15 @@ namespace rwkv {
 namespace cpu {
 namespace {
 
-at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+// (The checks first: these run for every one-token product, where a no-op .to() still costs.)
+at::Tensor fp32(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
+}
+
+// Whether w [N, M] is column-major (w.t() contiguous), without building the transposed view.
+bool column_major(const at::Tensor& w) {
+  return (w.size(0) <= 1 || w.stride(0) == 1) && (w.size(1) <= 1 || w.stride(1) == w.size(0));
+}
 
 // From this many rows on, mm8_seq converts column tiles of q and lets at::mm (BLAS) do the
 // products: the conversion is paid once per tile instead of once per row group, and BLAS runs at
@@ -61,43 +71,100 @@ void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums
   y.add_(s0).mul_(rx).add_(sums.narrow(1, 1, 1)).addcmul_(sums.narrow(1, 2, 1), mx);
 }
 
-at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
-                    const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
-                    const at::Tensor& ry) {
+// What mm8_impl and mm8_one_i16 share: fp32 copies of the inputs, w as column-major [N, M],
+// xs = x*ry and the per-row sums (kernels/mm8.h).
+struct Mm8Prepared {
+  int64_t T, N, M;
+  at::Tensor x32, mx32, rx32, q, xs, sums;
+};
+
+Mm8Prepared mm8_prepare(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
+                        const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
+                        const at::Tensor& ry) {
   const Mm8Dims d = check_mm8(op, seq, x, w, mx, rx, my, ry);
-  const int64_t T = d.T, N = d.N, M = d.M;
-  const at::Tensor x32 = fp32(x), mx32 = fp32(mx), rx32 = fp32(rx), my32 = fp32(my),
-                   ry32 = fp32(ry);
+  Mm8Prepared p{d.T, d.N, d.M, fp32(x), fp32(mx), fp32(rx), {}, {}, {}};
+  const at::Tensor my32 = fp32(my), ry32 = fp32(ry);
   // Column-major [N, M] (w.t() contiguous) is the fast path; anything else is copied into it.
-  const at::Tensor q = w.t().is_contiguous() ? w : w.t().contiguous().t();
+  p.q = column_major(w) ? w : w.t().contiguous().t();
+  p.xs = at::empty({p.T, p.N}, p.x32.options());
+  p.sums = at::empty({p.T, 3}, p.x32.options());
   const KernelTable& kt = kernels();
-
-  at::Tensor xs = at::empty({T, N}, x32.options());
-  at::Tensor sums = at::empty({T, 3}, x32.options());
-  at::parallel_for(0, T, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, N)),
+  at::parallel_for(0, p.T, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.N)),
                    [&](int64_t t0, int64_t t1) {
-                     kt.mm8_prepare(N, t0, t1, x32.data_ptr<float>(), ry32.data_ptr<float>(),
-                                    my32.data_ptr<float>(), xs.data_ptr<float>(),
-                                    sums.data_ptr<float>());
+                     kt.mm8_prepare(p.N, t0, t1, p.x32.data_ptr<float>(), ry32.data_ptr<float>(),
+                                    my32.data_ptr<float>(), p.xs.data_ptr<float>(),
+                                    p.sums.data_ptr<float>());
                    });
+  return p;
+}
 
-  at::Tensor y = at::empty(seq ? std::vector<int64_t>{T, M} : std::vector<int64_t>{M},
-                           x32.options());
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  if (seq && T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
-    mm8_tiled(xs, q, sums, rx32, mx32, bf16, y);
-    return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-  }
-  // Blocks of 16 columns keep the kernel's 4-column groups whole; a task gets >= ~64k MACs.
-  constexpr int64_t kBlock = 16;
+// Blocks of 16 output columns keep the kernels' column groups whole; a task gets >= ~64k MACs.
+constexpr int64_t kBlock = 16;
+
+template <class F>
+void for_column_blocks(int64_t T, int64_t N, int64_t M, const F& body) {
   const int64_t blocks = (M + kBlock - 1) / kBlock;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, T * N * kBlock));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    kt.mm8(T, N, M, b0 * kBlock, std::min(M, b1 * kBlock), xs.data_ptr<float>(),
-           q.data_ptr<uint8_t>(), sums.data_ptr<float>(), rx32.data_ptr<float>(),
-           mx32.data_ptr<float>(), y.data_ptr<float>());
+    body(b0 * kBlock, std::min(M, b1 * kBlock));
   });
+}
+
+// The fp32 loop of kernels/mm8.h for every row of p.
+void mm8_loop(const Mm8Prepared& p, at::Tensor& y) {
+  const KernelTable& kt = kernels();
+  for_column_blocks(p.T, p.N, p.M, [&](int64_t m0, int64_t m1) {
+    kt.mm8(p.T, p.N, p.M, m0, m1, p.xs.data_ptr<float>(), p.q.data_ptr<uint8_t>(),
+           p.sums.data_ptr<float>(), p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(),
+           y.data_ptr<float>());
+  });
+}
+
+at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x) {
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
+                    const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
+                    const at::Tensor& ry) {
+  const Mm8Prepared p = mm8_prepare(op, seq, x, w, mx, rx, my, ry);
+  at::Tensor y = at::empty(seq ? std::vector<int64_t>{p.T, p.M} : std::vector<int64_t>{p.M},
+                           p.x32.options());
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  if (seq && p.T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
+    mm8_tiled(p.xs, p.q, p.sums, p.rx32, p.mx32, bf16, y);
+  } else {
+    mm8_loop(p, y);
+  }
+  return in_dtype(y, x);
+}
+
+// mm8_one with xs = x*ry quantized to int16 by one scale per call and exact integer dot products
+// (kernels/mm8.h): the weight bytes are only widened, never converted to float, so the product
+// keeps up with memory bandwidth. Falls back to the fp32 loop when xs is all zero or not finite.
+at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
+                       const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry) {
+  const Mm8Prepared p = mm8_prepare("mm8_one_i16", false, x, w, mx, rx, my, ry);
+  at::Tensor y = at::empty({p.M}, p.x32.options());
+  const KernelTable& kt = kernels();
+  constexpr int64_t kPad = 64;  // Dot16::kStep of every ISA
+  const int64_t n_pad = (p.N + kPad - 1) / kPad * kPad;
+  at::Tensor xq = at::empty({n_pad}, p.x32.options().dtype(at::kShort));
+  int16_t* xqp = xq.data_ptr<int16_t>();
+  const float* sums = p.sums.data_ptr<float>();
+  // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the fp32 path).
+  const float scale = std::isfinite(sums[0]) && p.N > 0
+                          ? kt.mm8_quantize_i16(p.N, n_pad, p.xs.data_ptr<float>(), xqp)
+                          : 0.0f;
+  if (scale == 0.0f) {
+    mm8_loop(p, y);
+    return in_dtype(y, x);
+  }
+  for_column_blocks(1, p.N, p.M, [&](int64_t m0, int64_t m1) {
+    kt.mm8_i16(p.N, m0, m1, xqp, p.q.data_ptr<uint8_t>(), scale, sums,
+               p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(), y.data_ptr<float>());
+  });
+  return in_dtype(y, x);
 }
 
 at::Tensor mm8_one(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
@@ -117,4 +184,5 @@ at::Tensor mm8_seq(const at::Tensor& x, const at::Tensor& w, const at::Tensor& m
 TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("mm8_one", &rwkv::cpu::mm8_one);
   m.impl("mm8_seq", &rwkv::cpu::mm8_seq);
+  m.impl("mm8_one_i16", &rwkv::cpu::mm8_one_i16);
 }

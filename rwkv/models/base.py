@@ -14,7 +14,7 @@ import torch
 
 from ..loading import ModelInfo
 from ..strategy import LayerPlacement
-from .common import Projection, concrete_device, layer_norm
+from .common import Projection, concrete_device, layer_norm, projections
 from .ffn import ChannelMix
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
@@ -46,7 +46,8 @@ def _on_device(t: torch.Tensor, dev: torch.device) -> bool:
 class Runtime:
     """Holds the per-layer modules built from the converted weights and runs the forward pass."""
 
-    def __init__(self, info: ModelInfo, w: dict, plan: list[LayerPlacement], rescale: int, mode: str):
+    def __init__(self, info: ModelInfo, w: dict, plan: list[LayerPlacement], rescale: int, mode: str,
+                 exact_int8: bool = False):
         self.info, self.w, self.plan, self.rescale = info, w, plan, rescale
         L = info.n_layer
         self.per_layer = 5 if info.version == 4 else 3
@@ -59,8 +60,12 @@ class Runtime:
             self.ffn.append(ChannelMix(w, i, dd, info.version, mode, dd.stream))
         self.ln_out = (w["ln_out.weight"], w["ln_out.bias"])
         self.head = Projection(w, "head.weight", plan[L], mode, stream=False)
+        if exact_int8:
+            for proj in [self.head] + [p for m in self.att + self.ffn for p in projections(m)]:
+                proj.use_exact_int8()
         self.emb = w["emb.weight"]
         self.initial_matrix_state: list | None = None  # from time_state keys or load_state_tuning()
+        self._flat_specs: list | None = None  # state_spec of every entry, built on first validation
         if info.has_time_state and info.version >= 5:
             self.initial_matrix_state = self._time_state_from_weights()
 
@@ -110,22 +115,26 @@ class Runtime:
             raise StateError(f"RWKV.forward: state has {len(state)} entries, this model needs {n} "
                              f"({self.info.n_layer} layers x {self.per_layer}); it was made by a different "
                              "model. Pass state=None to start fresh.")
-        for i in range(self.info.n_layer):
-            for j, (shape, dtype, dev, what) in enumerate(self.state_spec(i)):
-                idx = i * self.per_layer + j
-                t = state[idx]
-                where = f"state[{idx}] (layer {i} {what})"
-                if not isinstance(t, torch.Tensor):
-                    raise StateError(f"RWKV.forward: {where} must be a Tensor, got {type(t).__name__}")
-                if tuple(t.shape) != shape:
-                    raise StateError(f"RWKV.forward: {where} has shape {list(t.shape)}, expected {list(shape)}: "
-                                     "the state comes from a different model. Pass state=None to start fresh.")
-                if t.dtype != dtype:
-                    raise StateError(f"RWKV.forward: {where} has dtype {t.dtype}, expected {dtype} for this "
-                                     "strategy; convert it with .to(dtype) or pass state=None.")
-                if not _on_device(t, dev):
-                    raise StateError(f"RWKV.forward: {where} is on {t.device}, expected {dev} for this "
-                                     "strategy; move it with .to(device) or pass state=None.")
+        specs = self._flat_specs
+        if specs is None:
+            specs = self._flat_specs = [spec for i in range(self.info.n_layer) for spec in self.state_spec(i)]
+        for idx, (t, (shape, dtype, dev, what)) in enumerate(zip(state, specs)):
+            # The fast test first: this runs on every forward call.
+            if (type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape
+                    and t.device.type == dev.type and (dev.index is None or t.device.index in (dev.index, None))):
+                continue
+            where = f"state[{idx}] (layer {idx // self.per_layer} {what})"
+            if not isinstance(t, torch.Tensor):
+                raise StateError(f"RWKV.forward: {where} must be a Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape:
+                raise StateError(f"RWKV.forward: {where} has shape {list(t.shape)}, expected {list(shape)}: "
+                                 "the state comes from a different model. Pass state=None to start fresh.")
+            if t.dtype != dtype:
+                raise StateError(f"RWKV.forward: {where} has dtype {t.dtype}, expected {dtype} for this "
+                                 "strategy; convert it with .to(dtype) or pass state=None.")
+            if not _on_device(t, dev):
+                raise StateError(f"RWKV.forward: {where} is on {t.device}, expected {dev} for this "
+                                 "strategy; move it with .to(device) or pass state=None.")
 
     # --------------------------------------------------------------------------------- forward
     def forward(self, tokens: torch.Tensor, state: list, full_output: bool):

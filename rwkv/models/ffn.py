@@ -21,6 +21,7 @@ class ChannelMix:
             self.mix_k, self.mix_r = w[p + "ffn.time_maa_k"], w[p + "ffn.time_maa_r"]
         else:
             self.mix_k, self.mix_r = w[p + "ffn.time_mix_k"], w[p + "ffn.time_mix_r"]
+            self.rmix_k, self.rmix_r = 1 - self.mix_k, 1 - self.mix_r  # once, not per call
         self.key = Projection(w, p + "ffn.key.weight", dd, mode, stream)
         self.value = Projection(w, p + "ffn.value.weight", dd, mode, stream)
         if version != 7:
@@ -37,8 +38,8 @@ class ChannelMix:
             kx = xx + d * self.mix_k
             rx = xx + d * self.mix_r
         else:
-            kx = xx * self.mix_k + prev * (1 - self.mix_k)
-            rx = xx * self.mix_r + prev * (1 - self.mix_r)
+            kx = xx * self.mix_k + prev * self.rmix_k
+            rx = xx * self.mix_r + prev * self.rmix_r
         r = torch.sigmoid(self.receptance(rx))
         h = torch.relu(self.key(kx)) ** 2
         return x + r * self.value(h), xx[-1]

@@ -12,7 +12,8 @@ class TimeMixV4:
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = f"blocks.{i}."
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
-        self.mix_k, self.mix_v, self.mix_r = (w[p + f"att.time_mix_{c}"] for c in "kvr")
+        # (mix, 1 - mix) pairs: 1 - mix is computed once here instead of on every call (same values).
+        self.mix_k, self.mix_v, self.mix_r = ((m, 1 - m) for m in (w[p + f"att.time_mix_{c}"] for c in "kvr"))
         self.decay, self.first = w[p + "att.time_decay"], w[p + "att.time_first"]  # fp32 (A,)
         self.key, self.value, self.receptance, self.output = (
             Projection(w, p + f"att.{n}.weight", dd, mode, stream)
@@ -23,9 +24,7 @@ class TimeMixV4:
         """aa, bb, pp are private copies (updated in place by the kernel)."""
         xx = layer_norm(x, self.ln_w, self.ln_b)
         prev = token_shift(xx, sx)
-        kx = xx * self.mix_k + prev * (1 - self.mix_k)
-        vx = xx * self.mix_v + prev * (1 - self.mix_v)
-        rx = xx * self.mix_r + prev * (1 - self.mix_r)
+        kx, vx, rx = (xx * m + prev * rm for m, rm in (self.mix_k, self.mix_v, self.mix_r))
         r = torch.sigmoid(self.receptance(rx))
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)

@@ -32,12 +32,13 @@ class TimeMixV5:
 
     def _load_mixes(self, w, p):
         names = "kvr" + ("g" if self.gated else "")
-        self.mixes = [w[p + f"att.time_mix_{c}"] for c in names]
+        # (mix, 1 - mix) pairs: 1 - mix is computed once here instead of on every call (same values).
+        self.mixes = [(m, 1 - m) for m in (w[p + f"att.time_mix_{c}"] for c in names)]
         self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
 
     def _inputs(self, xx, prev):
         """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay for the kernel."""
-        mixed = [xx * m + prev * (1 - m) for m in self.mixes]
+        mixed = [xx * m + prev * rm for m, rm in self.mixes]
         r = self.receptance(mixed[2], torch.float32)
         k = self.key(mixed[0], torch.float32)
         v = self.value(mixed[1], torch.float32)

@@ -13,8 +13,8 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one", "mm8_seq",
-           "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
+__all__ = ["MODES", "OPS", "backend_report", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
+           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
 
 Tensor = torch.Tensor
 
@@ -47,6 +47,13 @@ def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor
             *, mode: str = "auto") -> Tensor:
     """x [N] @ int8 w [N, M] (mx, rx [M]; my, ry [N, 1]); returns [M] in x's dtype."""
     return resolve("mm8_one", x.device.type, mode)(x, w, mx, rx, my, ry)
+
+
+def mm8_one_i16(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
+                *, mode: str = "auto") -> Tensor:
+    """mm8_one with x*ry rounded to int16 (one scale per call) and exact integer dot products:
+    the CPU decode path for int8 weights (docs/kernels.md). Returns [M] in x's dtype."""
+    return resolve("mm8_one_i16", x.device.type, mode)(x, w, mx, rx, my, ry)
 
 
 def mm8_seq(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,

@@ -87,6 +87,18 @@ def _mm8_seq_fake(x, w, mx, rx, my, ry):
     return x.new_empty((int(x.shape[0]), M))
 
 
+# As mm8_one, but xs = x*ry is rounded to int16 with one scale per call (max|xs| / 32767) and the
+# dot products with w are exact integers: y = rx*(scale*(xq @ w) + 0.5*sum(xs)) + sum(x*my)
+# + mx*sum(x). Falls back to mm8_one's fp32 math when xs is all zero or not finite. CPU only.
+_define("mm8_one_i16", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::mm8_one_i16")
+def _mm8_one_i16_fake(x, w, mx, rx, my, ry):
+    N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    return x.new_empty((M,))
+
+
 # a: [T, K] fp16; b: [K, M] fp16; fp32 accumulation. Returns [T, M] fp32 if fp32_out else fp16.
 _define("gemm_fp16", "(Tensor a, Tensor b, bool fp32_out) -> Tensor")
 
@@ -116,4 +128,4 @@ _define("_set_cpu_isa", "(str isa) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "mm8_one", "mm8_seq",
-       "gemm_fp16", "linear_one")
+       "mm8_one_i16", "gemm_fp16", "linear_one")

@@ -132,6 +132,27 @@ def mm8_seq(x, w, mx, rx, my, ry):
     return _mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
 
 
+def mm8_one_i16(x, w, mx, rx, my, ry):
+    """mm8_one with xs = x*ry rounded to int16 (scale max|xs|/32767, round half to even) and exact
+    integer dot products; mm8_one's fp32 math when xs is all zero or not finite. Returns [M] in
+    x's dtype. The compiled kernel quantizes identically, so only the fp32 sums differ."""
+    _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    f = torch.float32
+    x32, ry32 = x.to(f), ry.to(f)
+    xs = x32 * ry32[:, 0]
+    amax = xs.abs().max() if xs.numel() else xs.new_zeros(())
+    inv = torch.tensor(32767.0, dtype=f) / amax
+    usable = bool(torch.isfinite(xs.sum()) and amax > 0 and torch.isfinite(amax) and torch.isfinite(inv))
+    if not usable:
+        return _mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    xq = torch.round(xs * inv).clamp(-32768, 32767)
+    scale = amax / torch.tensor(32767.0, dtype=f)
+    # float64 holds every partial sum exactly (|sum| < N * 32768 * 255 < 2^53).
+    dot = (xq.double() @ w.double()).to(torch.int64).to(f) * scale
+    y = rx.to(f) * (dot + 0.5 * xs.sum()) + (x32 * my.to(f)[:, 0]).sum() + mx.to(f) * x32.sum()
+    return y.to(x.dtype)
+
+
 def gemm_fp16(a, b, fp32_out):
     """a [T, K] fp16 @ b [K, M] fp16 with fp32 accumulation; [T, M] fp32 if fp32_out else fp16."""
     _checks.validate_gemm_fp16(a, b)

@@ -26,6 +26,8 @@ void fill_kernel_table(KernelTable* table) {
   table->wkv7 = &wkv7<V>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
+  table->mm8_quantize_i16 = &mm8_quantize_i16<V>;
+  table->mm8_i16 = &mm8_i16<V>;
   table->mm8_tile_f32 = &mm8_tile_f32<V>;
   table->mm8_tile_bf16 = &mm8_tile_bf16<V>;
   table->linear_one_bf16 = &linear_one<V>;

@@ -132,6 +132,64 @@ inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const fl
   for (; t < T; ++t) mm8_columns_rows<V, B, 1>(N, M, m, t, xs, q, sums, rx, mx, y);
 }
 
+// mm8_one_i16's activation: xq = round(xs * 32767 / max|xs|) as int16, zero from N up to n_pad
+// (a multiple of Dot16::kStep). Returns the scale max|xs| / 32767 that undoes it, or 0 when the
+// integer path cannot represent xs (all zero, or a maximum that is not finite or too small to
+// invert); the caller then uses the fp32 path. NaN is not seen by the max: the caller checks
+// that sum(xs) is finite first.
+template <class V>
+float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
+  using S = typename V::Tail;
+  typename V::reg m = V::zero();
+  int64_t n = 0;
+  for (; n + V::width <= N; n += V::width) m = V::max(m, V::abs(V::load(xs + n)));
+  float amax = V::reduce_max(m);
+  for (; n < N; ++n) amax = S::max(amax, S::abs(xs[n]));
+  const float inv = 32767.0f / amax;
+  if (!(amax > 0.0f) || !__builtin_isfinite(amax) || !__builtin_isfinite(inv)) return 0.0f;
+  const typename V::reg iv = V::set1(inv);
+  for (n = 0; n + V::width <= N; n += V::width) V::store_i16(xq + n, V::mul(V::load(xs + n), iv));
+  for (; n < N; ++n) S::store_i16(xq + n, xs[n] * inv);
+  for (; n < n_pad; ++n) xq[n] = 0;
+  return amax / 32767.0f;
+}
+
+// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], 64 bytes per step with a
+// software prefetch 2 KiB ahead on each column (as mm8_columns), then the same epilogue with
+// dot = scale * (float)sum.
+template <class V, int B>
+inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8_t* q,
+                            float scale, const float* sums, const float* rx, const float* mx,
+                            float* y) {
+  using D = typename V::Dot16;
+  constexpr int64_t kStep = D::kStep, kFlush = 2048, kAhead = 2048;
+  const uint8_t* col[B];
+  D d[B];
+  for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;
+  const int64_t full = N - N % kStep;
+  for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
+    const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
+    for (int64_t n = n0; n < n1; n += kStep) {
+      for (int b = 0; b < B; ++b) __builtin_prefetch(col[b] + n + kAhead);
+      for (int b = 0; b < B; ++b) d[b].add(xq + n, col[b] + n);
+    }
+    for (int b = 0; b < B; ++b) d[b].flush();
+  }
+  for (int b = 0; b < B; ++b) {
+    if (full < N) d[b].add_tail(xq + full, col[b] + full, N - full);
+    const float dot = scale * static_cast<float>(d[b].sum());
+    y[m + b] = rx[m + b] * (dot + sums[0]) + sums[1] + mx[m + b] * sums[2];
+  }
+}
+
+template <class V>
+void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
+             const float* sums, const float* rx, const float* mx, float* y) {
+  int64_t m = m0;
+  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2>(N, m, xq, q, scale, sums, rx, mx, y);
+  for (; m < m1; ++m) mm8_i16_columns<V, 1>(N, m, xq, q, scale, sums, rx, mx, y);
+}
+
 // Tiles for mm8_seq's BLAS path: columns [m0, m1) of q as rows of out [m1 - m0, N], either as
 // fp32 or, for bf16 GEMMs, as bf16 q - 128 (integers in [-128, 127], exact in bf16).
 template <class V>

@@ -50,6 +50,19 @@ struct VecAvx2 {
     return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
   }
 
+  static reg abs(reg a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static float reduce_max(reg a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
+  // See VecScalar::store_i16.
+  static void store_i16(int16_t* p, reg a) {
+    const __m256i i = _mm256_cvtps_epi32(a);
+    const __m128i s = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), s);
+  }
   static float reduce_add(reg a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -72,6 +85,43 @@ struct VecAvx2 {
         _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
+
+  // See VecScalar::Dot16. Each add() puts at most 2 * 2 * 32768 * 255 into an int32 lane, so
+  // 2048 elements (32 steps) stay below 2^31.
+  struct Dot16 {
+    static constexpr int kStep = 64;
+    __m256i a0, a1, wide;  // wide: 4 x int64
+    int64_t rest = 0;
+    // Written out: an implicit constructor would not get this file's target pragma (GCC).
+    Dot16() : a0(_mm256_setzero_si256()), a1(a0), wide(a0) {}
+    static __m256i madd(const int16_t* x, const uint8_t* q) {
+      const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), w);
+    }
+    void add(const int16_t* x, const uint8_t* q) {
+      a0 = _mm256_add_epi32(a0, madd(x, q));
+      a1 = _mm256_add_epi32(a1, madd(x + 16, q + 16));
+      a0 = _mm256_add_epi32(a0, madd(x + 32, q + 32));
+      a1 = _mm256_add_epi32(a1, madd(x + 48, q + 48));
+    }
+    void add_tail(const int16_t* x, const uint8_t* q, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) rest += static_cast<int32_t>(x[i]) * q[i];
+    }
+    void flush() {
+      const __m256i lo = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(a0)),
+                                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(a0, 1)));
+      const __m256i hi = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(a1)),
+                                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(a1, 1)));
+      wide = _mm256_add_epi64(wide, _mm256_add_epi64(lo, hi));
+      a0 = a1 = _mm256_setzero_si256();
+    }
+    int64_t sum() {
+      flush();
+      alignas(32) int64_t lanes[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), wide);
+      return lanes[0] + lanes[1] + lanes[2] + lanes[3] + rest;
+    }
+  };
 };
 
 }  // namespace RWKV_ISA

@@ -47,7 +47,14 @@ struct VecAvx512 {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
   }
 
+  static reg abs(reg a) { return _mm512_abs_ps(a); }
   static float reduce_add(reg a) { return _mm512_reduce_add_ps(a); }
+  static float reduce_max(reg a) { return _mm512_reduce_max_ps(a); }
+  // See VecScalar::store_i16.
+  static void store_i16(int16_t* p, reg a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(a)));
+  }
   // 16 bytes -> 16 floats.
   static reg load_u8(const uint8_t* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -62,6 +69,39 @@ struct VecAvx512 {
     const __m512i hi = _mm512_srli_epi32(_mm512_castps_si512(a), 16);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(hi));
   }
+
+  // See VecScalar::Dot16. Each add() puts at most 2 * 32768 * 255 into an int32 lane, so 2048
+  // elements (32 steps) stay far below 2^31. The tail is a masked load (no byte past q + n is
+  // read); x must hold kStep readable values there (mm8_one_i16 pads it with zeros).
+  struct Dot16 {
+    static constexpr int kStep = 64;
+    __m512i a0, a1, wide;  // wide: 8 x int64
+    // Written out: an implicit constructor would not get this file's target pragma (GCC).
+    Dot16() : a0(_mm512_setzero_si512()), a1(a0), wide(a0) {}
+    void add_bytes(const int16_t* x, __m512i w) {
+      a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_loadu_si512(x),
+                                                   _mm512_cvtepu8_epi16(_mm512_castsi512_si256(w))));
+      a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_loadu_si512(x + 32),
+                                                   _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(w, 1))));
+    }
+    void add(const int16_t* x, const uint8_t* q) { add_bytes(x, _mm512_loadu_si512(q)); }
+    void add_tail(const int16_t* x, const uint8_t* q, int64_t n) {
+      const __mmask64 m = n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+      add_bytes(x, _mm512_maskz_loadu_epi8(m, q));
+    }
+    void flush() {
+      const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a0)),
+                                          _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a0, 1)));
+      const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a1)),
+                                          _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a1, 1)));
+      wide = _mm512_add_epi64(wide, _mm512_add_epi64(lo, hi));
+      a0 = a1 = _mm512_setzero_si512();
+    }
+    int64_t sum() {
+      flush();
+      return _mm512_reduce_add_epi64(wide);
+    }
+  };
 };
 
 }  // namespace RWKV_ISA

@@ -31,7 +31,15 @@ struct VecScalar {
   // a * b + c
   static reg fma(reg a, reg b, reg c) { return a * b + c; }
   static reg exp(reg a) { return __builtin_expf(a); }
+  static reg abs(reg a) { return __builtin_fabsf(a); }
   static float reduce_add(reg a) { return a; }
+  static float reduce_max(reg a) { return a; }
+  // a rounded in the current rounding mode (nearest-even unless changed), saturated to int16, as
+  // the SIMD conversions do.
+  static void store_i16(int16_t* p, reg a) {
+    const long r = __builtin_lrintf(a);
+    *p = static_cast<int16_t>(r > 32767 ? 32767 : (r < -32768 ? -32768 : r));
+  }
   static reg load_u8(const uint8_t* p) { return static_cast<float>(*p); }
   // bf16 is the high half of an fp32.
   static reg load_bf16(const uint16_t* p) {
@@ -46,6 +54,21 @@ struct VecScalar {
     __builtin_memcpy(&bits, &a, sizeof bits);
     *p = static_cast<uint16_t>(bits >> 16);
   }
+
+  // Exact dot products of int16 x with uint8 q (mm8_one_i16): add() takes kStep elements, whose
+  // partial sums must be moved to 64 bits by flush() at least every 2048 elements.
+  struct Dot16 {
+    static constexpr int kStep = 64;
+    int64_t total = 0;
+    void add(const int16_t* x, const uint8_t* q) { add_tail(x, q, kStep); }
+    void add_tail(const int16_t* x, const uint8_t* q, int64_t n) {
+      int32_t s = 0;  // |s| <= 64 * 32768 * 255 < 2^31
+      for (int64_t i = 0; i < n; ++i) s += static_cast<int32_t>(x[i]) * q[i];
+      total += s;
+    }
+    void flush() {}
+    int64_t sum() const { return total; }
+  };
 };
 
 }  // namespace RWKV_ISA
