@@ -54,7 +54,9 @@ def wkv_cases(op, quick):
 
 def mm8_cases(op, quick, dtype):
     shapes = [(2048, 2048)] if quick else [(2048, 2048), (2048, 8192), (8192, 2048)]
-    Ts = [0] if op == "mm8_one" else ([16] if quick else [4, 16, 128])
+    Ts = [0] if op in ("mm8_one", "mm8_one_i16") else ([16] if quick else [4, 16, 128])
+    # mm8_one_i16 is the fast form of mm8_one: compare the two kernels.
+    baseline = _mm8_one_compiled if op == "mm8_one_i16" else _mm8_torch
     for N, M in shapes:
         for T in Ts:
             def make(T=T, N=N, M=M):
@@ -63,7 +65,12 @@ def mm8_cases(op, quick, dtype):
                 return [x, w, _rand(M, dtype=dtype) * 0.1, _rand(M, lo=0, hi=0.01, dtype=dtype),
                         _rand(N, 1, dtype=dtype) * 0.1, _rand(N, 1, lo=0, hi=0.01, dtype=dtype)]
             nbytes = N * M + (max(T, 1) * (N + M)) * torch.finfo(dtype).bits // 8
-            yield f"{'T=%d ' % T if T else ''}N={N} M={M} {str(dtype)[6:]}", make, nbytes, _mm8_torch
+            yield f"{'T=%d ' % T if T else ''}N={N} M={M} {str(dtype)[6:]}", make, nbytes, baseline
+
+
+def _mm8_one_compiled(*args):
+    fn = ops.resolve("mm8_one", "cpu", "compiled")
+    return "mm8_one compiled", lambda: fn(*args)
 
 
 def _mm8_torch(x, w, mx, rx, my, ry):

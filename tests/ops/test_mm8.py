@@ -100,10 +100,11 @@ def test_mm8_threaded_large(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("T,N,M", [(16, 40, 19), (32, 40, 19), (40, 2100, 70), (33, 5, 300),
-                                   (64, 3000, 600)])
+                                   (64, 3000, 1500)])
 def test_mm8_seq_tiled_path(dtype, T, N, M, rng):
     # From 32 rows on (bf16 x: 16), mm8_seq converts column tiles of w (fp32, or bf16 for bf16 x)
-    # and uses at::mm (csrc/cpu/mm8.cpp); (64, 3000, 600) spans several tiles of either kind.
+    # and uses at::mm (csrc/cpu/mm8.cpp); tiles hold 2^21 elements, so (64, 3000, 1500) spans
+    # three (699 + 699 + 102 columns).
     check(compiled_or_skip("mm8_seq"), T, N, M, rng, dtype)
 
 
