@@ -59,8 +59,11 @@ def pack(w: dict, keys) -> int:
             total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
     if not chosen:
         return 0
-    # Private: shared anonymous memory is shmem, which has its own (usually off) THP setting.
-    buf = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        # Private: shared anonymous memory is shmem, which has its own (usually off) THP setting.
+        buf = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:  # e.g. the kernel refuses to overcommit that much address space at once
+        return 0
     try:
         buf.madvise(mmap.MADV_HUGEPAGE)
     except OSError:

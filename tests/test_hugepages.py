@@ -78,3 +78,15 @@ def test_model_weights_packed_and_logits_unchanged(tmp_path, monkeypatch):
         for tokens in ([1, 2, 3], [4]):
             a, b = packed.forward(tokens, None)[0], plain.forward(tokens, None)[0]
             assert torch.equal(a, b), strategy
+
+
+@needs_thp
+def test_mapping_refused_leaves_weights_alone(monkeypatch):
+    # A failed mmap (e.g. overcommit refused for a huge model) keeps the weights where they are.
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(hugepages.mmap, "mmap", refuse)
+    w = sample_weights()
+    ptrs = {k: v.data_ptr() for k, v in w.items()}
+    assert hugepages.pack(w, list(w)) == 0
+    assert all(w[k].data_ptr() == p for k, p in ptrs.items())
