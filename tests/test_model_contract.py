@@ -200,6 +200,18 @@ def test_exact_int8_switch(paths, v, monkeypatch):
         RWKV(paths[v], "cpu fp32i8", verbose=False, exact_int8="yes")
 
 
+def test_verbose_plan_names_the_int8_decode_op(paths, capsys):
+    from rwkv import ops
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    RWKV(paths["4"], "cpu fp32 *1 -> cpu fp32i8", verbose=True)
+    out = capsys.readouterr().out
+    assert "layer 0                cpu fp32  wkv4_forward=compiled(cpu)\n" in out
+    assert "cpu fp32 i8  wkv4_forward=compiled(cpu)  int8 decode=mm8_one_i16\n" in out
+    RWKV(paths["4"], "cpu fp32i8", verbose=True, exact_int8=True)
+    assert "int8 decode=mm8_one\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("v", VERSIONS)
 def test_convert_roundtrip_every_version(paths, tmp_path, v):
     # Upstream's converted v6 files lose n_head and crash; ours (and v7) load.
