@@ -46,9 +46,9 @@ class Projection:
     Dense weights use torch's matmul (upstream's CPU path). int8 weights use the fused ``mm8`` ops:
     ``mm8_seq`` for several tokens; for one token ``mm8_one_i16`` on CPU when compiled (the
     activation rounded to int16, exact integer dot products: ~1.25x faster decode, error far
-    below the int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise. fp16 weights on CUDA whose output is wanted in fp32 use
-    ``gemm_fp16`` (fp32 accumulation and output: upstream's cuBLAS fix for small-model overflow)
-    when it is compiled. Streamed weights stay in CPU memory and are copied for each call.
+    below the int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise.
+    fp16 weights on CUDA whose output is wanted in fp32 use ``gemm_fp16`` (fp32 accumulation and
+    output: upstream's cuBLAS fix for small-model overflow) when it is compiled. Streamed weights stay in CPU memory and are copied for each call.
     """
 
     def __init__(self, w: dict, key: str, dd: LayerPlacement, mode: str, stream: bool = False):
