@@ -28,6 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._timing import time_model  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint  # noqa: E402
 
@@ -78,22 +79,7 @@ def bench_ours(path: str, strategy: str, decode: int, prefill: int) -> dict:
     from rwkv.model import RWKV
 
     m = RWKV(path, strategy, verbose=False)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, VOCAB, (prefill,), generator=g).tolist()
-    m.forward(prompt[:16], None)  # warm-up
-    t0 = time.perf_counter()
-    _, state = m.forward(prompt, None)
-    prefill_s = time.perf_counter() - t0
-    for t in prompt[:3]:
-        _, state = m.forward([t], state)
-    times = []
-    for t in prompt[:decode]:
-        t0 = time.perf_counter()
-        _, state = m.forward([t], state)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"decode_ms": 1000 * times[len(times) // 2], "prefill_tps": prefill / prefill_s,
-            "bytes": weight_bytes_per_token(m)}
+    return {**time_model(m, VOCAB, prefill, decode), "bytes": weight_bytes_per_token(m)}
 
 
 def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool) -> dict:
