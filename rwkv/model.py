@@ -298,11 +298,8 @@ class RWKV(torch.nn.Module):
             span = f"layers {a}-{b}" if a != b else f"layer {a}"
             if b == L:
                 span += " (head)" if a == b else " + head"
-            int8 = ""
-            if dd.quant:  # the one-token int8 product (models/common.py Projection)
-                fast = (dev_type == "cpu" and self.kernels != "reference" and not self.exact_int8
-                        and _compiled("mm8_one_i16", "CPU"))
-                int8 = "  int8 decode=" + ("mm8_one_i16" if fast else "mm8_one")
+            op = self._rt.int8_decode_op(a)
+            int8 = f"  int8 decode={op}" if op else ""
             print(f"  {span:<22} {dd.device} {dd.dtype}{' i8' if dd.quant else ''}"
                   f"{' stream' if dd.stream else ''}  {wkv}={impl}{int8}")
         print(f"  CPU ISA: {ops.cpu_isa()}")

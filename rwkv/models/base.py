@@ -69,6 +69,11 @@ class Runtime:
         if info.has_time_state and info.version >= 5:
             self.initial_matrix_state = self._time_state_from_weights()
 
+    def int8_decode_op(self, i: int) -> str | None:
+        """The op one-token int8 products of layer i (i = n_layer: the head) use, None if no int8."""
+        mods = [self.head] if i == self.info.n_layer else projections(self.att[i]) + projections(self.ffn[i])
+        return next((p.one_token_op for p in mods if p.int8), None)
+
     # ----------------------------------------------------------------------------------- state
     def state_spec(self, i: int) -> list:
         """(shape, dtype, device, description) of every state entry of layer i, in order."""

@@ -61,11 +61,10 @@ class Projection:
         dev_type = self.device.type
         if self.int8:
             self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry"))
-            self._one = ops.resolve("mm8_one", dev_type, mode)
-            self._seq = ops.resolve("mm8_seq", dev_type, mode)
-            if dev_type == "cpu" and mode != "reference" and _compiled("mm8_one_i16", "CPU"):
-                self._one = ops.resolve("mm8_one_i16", dev_type, mode)
             self._mode = mode
+            fast = dev_type == "cpu" and mode != "reference" and _compiled("mm8_one_i16", "CPU")
+            self._use_one("mm8_one_i16" if fast else "mm8_one")
+            self._seq = ops.resolve("mm8_seq", dev_type, mode)
         self._gemm16 = None
         if dev_type == "cuda" and self.weight.dtype == torch.float16:
             self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
@@ -77,10 +76,14 @@ class Projection:
                 and _compiled("linear_one", "CPU")):
             self._bf16_one = ops.resolve("linear_one", dev_type, mode)
 
+    def _use_one(self, name: str) -> None:
+        self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
+        self._one = ops.resolve(name, self.device.type, self._mode)
+
     def use_exact_int8(self) -> None:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
         if self.int8:
-            self._one = ops.resolve("mm8_one", self.device.type, self._mode)
+            self._use_one("mm8_one")
 
     def _weight(self) -> torch.Tensor:
         if self.stream:
