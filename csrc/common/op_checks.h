@@ -140,13 +140,14 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
 
 struct LinearDims { int64_t N, M; };
 
-// linear_one: x [N] bf16, w [N, M] bf16, column-major (w.t() contiguous).
+// linear_one: x [N] and w [N, M] both bf16 or both fp32, w column-major (w.t() contiguous).
 inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
   const char* op = "linear_one";
   check_same_device(op, {{"x", &x}, {"w", &w}});
-  RWKV_CHECK_DTYPE(op, x, at::kBFloat16);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, op,
+              ": x must be bfloat16 or float32, got ", dtype_name(x.scalar_type()));
   RWKV_CHECK_DIM(op, x, "[N]", 1);
-  RWKV_CHECK_DTYPE(op, w, at::kBFloat16);
+  RWKV_CHECK_DTYPE_AS(op, w, x.scalar_type(), " (x's dtype)");
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
   const int64_t N = x.size(0), M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);

@@ -1,5 +1,6 @@
-// CPU instruction-set choice (see cpu_features.h) and the test-hook ops rwkv::_cpu_isa and
-// rwkv::_set_cpu_isa (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
+// CPU instruction-set choice and int8 read order (see cpu_features.h) and their test-hook ops
+// rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_int8_order and rwkv::_set_cpu_int8_order
+// (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
 #include "cpu/cpu_features.h"
 
 #include <c10/util/Exception.h>
@@ -69,6 +70,53 @@ struct Tables {
 
 std::string cpu_isa_op() { return isa_name(active_isa()); }
 
+// ----------------------------------------------------------------------- int8 read order
+constexpr int kPairs = 0, kSequential = 1;
+std::atomic<int> g_forced_order{kAutomatic};
+
+bool parse_order(const std::string& s, int* out) {
+  if (s == "sequential") *out = kSequential;
+  else if (s == "pairs") *out = kPairs;
+  else return false;
+  return true;
+}
+
+const char* order_name(int order) { return order == kSequential ? "sequential" : "pairs"; }
+
+int automatic_order() {
+  static const int order = [] {
+    int chosen = kPairs;
+#if defined(RWKV_HAVE_X86_ISAS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) chosen = kSequential;
+#endif
+    const char* env = std::getenv("RWKV_CPU_INT8_ORDER");
+    if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {
+      TORCH_WARN("RWKV_CPU_INT8_ORDER must be sequential or pairs, got '", env, "'; ignoring it");
+    }
+    return chosen;
+  }();
+  return order;
+}
+
+int active_order() {
+  const int forced = g_forced_order.load(std::memory_order_relaxed);
+  return forced == kAutomatic ? automatic_order() : forced;
+}
+
+std::string cpu_int8_order_op() { return order_name(active_order()); }
+
+// Forces `order` ("" or "auto": back to the automatic choice); returns the previously forced one.
+std::string set_cpu_int8_order_op(std::string order) {
+  const int previous = g_forced_order.load();
+  std::string previous_name = previous == kAutomatic ? "" : order_name(previous);
+  int wanted = kAutomatic;
+  TORCH_CHECK(order.empty() || order == "auto" || parse_order(order, &wanted),
+              "_set_cpu_int8_order: order must be sequential, pairs or empty, got '", order, "'");
+  g_forced_order.store(wanted);
+  return previous_name;
+}
+
 // Forces `isa` ("" or "auto": back to the automatic choice); returns the previously forced one.
 std::string set_cpu_isa_op(std::string isa) {
   const int previous = g_forced.load();
@@ -112,6 +160,8 @@ const KernelTable& kernels() {
   return tables.row[static_cast<int>(active_isa())];
 }
 
+bool int8_sequential() { return active_order() == kSequential; }
+
 }  // namespace cpu
 }  // namespace rwkv
 
@@ -119,4 +169,6 @@ const KernelTable& kernels() {
 TORCH_LIBRARY_IMPL(rwkv, CompositeExplicitAutograd, m) {
   m.impl("_cpu_isa", &rwkv::cpu::cpu_isa_op);
   m.impl("_set_cpu_isa", &rwkv::cpu::set_cpu_isa_op);
+  m.impl("_cpu_int8_order", &rwkv::cpu::cpu_int8_order_op);
+  m.impl("_set_cpu_int8_order", &rwkv::cpu::set_cpu_int8_order_op);
 }

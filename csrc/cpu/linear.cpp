@@ -1,6 +1,6 @@
-// ATen glue for linear_one on CPU: a dense matrix-vector product for column-major bf16 weights
-// (how the model stores them), fp32 accumulation, threaded over output columns. It exists because
-// it beats torch's `x @ w` for bf16 on CPU (docs/kernels.md has the measurements).
+// ATen glue for linear_one on CPU: a dense matrix-vector product for column-major bf16 or fp32
+// weights (how the model stores them), fp32 accumulation, threaded over output columns. It exists
+// because it beats torch's `x @ w` on CPU (docs/kernels.md has the measurements).
 // Schema: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -27,10 +27,14 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, d.N * kBlock));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t m0 = b0 * kBlock, m1 = std::min(d.M, b1 * kBlock);
-    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>());
+    if (w.scalar_type() == at::kFloat) {
+      kt.linear_one_f32(d.N, m0, m1, x32.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>());
+    } else {
+      const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+      kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>());
+    }
   });
-  return y.to(at::kBFloat16);
+  return y.to(x.scalar_type());
 }
 
 }  // namespace

@@ -18,6 +18,9 @@ namespace {
 at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w) {
   const auto [N, M] = rwkv::check_linear_one(x, w);
   TORCH_INTERNAL_ASSERT(x.is_cuda());
+  // float32 is a CPU kernel only (on CUDA, torch's own matmul is the fast path for it).
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16,
+              "linear_one: float32 is implemented on CPU only; on CUDA pass bfloat16 or use x @ w");
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M}, x.options());

@@ -43,7 +43,8 @@ def _compiled(name: str, dispatch_key: str) -> bool:
 class Projection:
     """``x @ W`` for x: [T, in] -> [T, out], W stored (in, out) as upstream does.
 
-    Dense weights use torch's matmul (upstream's CPU path). int8 weights use the fused ``mm8`` ops:
+    Dense weights use torch's matmul (upstream's CPU path), except one-token bf16/fp32 products on
+    CPU, which use our ``linear_one`` matrix-vector kernel. int8 weights use the fused ``mm8`` ops:
     ``mm8_seq`` for several tokens; for one token ``mm8_one_i16`` on CPU when compiled (the
     activation rounded to int16, exact integer dot products: ~1.25x faster decode, error far
     below the int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise.
@@ -68,13 +69,14 @@ class Projection:
         self._gemm16 = None
         if dev_type == "cuda" and self.weight.dtype == torch.float16:
             self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
-        # One-token bf16 products on CPU: our matrix-vector kernel reads the column-major weight at
-        # ~1.7x torch's speed (docs/kernels.md). Only when compiled: torch's matmul is the fallback.
-        self._bf16_one = None
-        if (dev_type == "cpu" and mode != "reference" and self.weight.dtype == torch.bfloat16
+        # One-token bf16 and fp32 products on CPU: our matrix-vector kernel reads the column-major
+        # weight at 1.4-2x torch's speed (docs/kernels.md). Only when compiled: torch's matmul is
+        # the fallback.
+        self._dense_one = None
+        if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
                 and self.weight.dim() == 2 and self.weight.t().is_contiguous()
                 and _compiled("linear_one", "CPU")):
-            self._bf16_one = ops.resolve("linear_one", dev_type, mode)
+            self._dense_one = ops.resolve("linear_one", dev_type, mode)
 
     def _use_one(self, name: str) -> None:
         self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
@@ -99,8 +101,8 @@ class Projection:
                 y = self._seq(x, W, *self.side)
         elif out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True)
-        elif self._bf16_one is not None and x.shape[0] == 1 and x.dtype == torch.bfloat16:
-            y = self._bf16_one(x[0], W).unsqueeze(0)
+        elif self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
+            y = self._dense_one(x[0], W).unsqueeze(0)
         else:
             y = x @ W
         return y if out_dtype is None else y.to(out_dtype)

@@ -158,9 +158,10 @@ def validate_linear_one(x, w) -> tuple:
     """Checks linear_one's arguments; returns (N, M)."""
     op = "linear_one"
     check_same_device(op, ("x", "w"), (x, w))
-    check_dtype(op, "x", x, torch.bfloat16)
+    torch._check(x.dtype in (torch.bfloat16, torch.float32),
+                 lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
     check_dim(op, "x", x, "[N]", 1)
-    check_dtype(op, "w", w, torch.bfloat16)
+    check_dtype(op, "w", w, x.dtype, " (x's dtype)")
     check_dim(op, "w", w, "[N, M]", 2)
     N, M = int(x.shape[0]), int(w.shape[1])
     check_shape(op, "w", w, "[N, M]", (N, M))

@@ -1,4 +1,4 @@
-"""Test hooks: force the CPU kernels' instruction set inside a ``with`` block."""
+"""Test hooks: force the CPU kernels' instruction set or int8 read order inside a ``with`` block."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Iterator, List
 from . import _backend
 
 ISAS = ("scalar", "avx2", "avx512")
+INT8_ORDERS = ("sequential", "pairs")
 
 
 @contextlib.contextmanager
@@ -36,3 +37,17 @@ def supported_cpu_isas() -> List[str]:
         except RuntimeError:
             pass
     return found
+
+
+@contextlib.contextmanager
+def force_cpu_int8_order(order: str) -> Iterator[str]:
+    """Runs the block with mm8_one_i16 reading the matrix in ``order`` (sequential, pairs);
+    restores the previous choice afterwards. Process-wide, like force_cpu_isa."""
+    if order not in INT8_ORDERS:
+        raise ValueError(f"force_cpu_int8_order: order must be one of {', '.join(INT8_ORDERS)}, "
+                         f"got {order!r}")
+    previous = _backend.set_cpu_int8_order(order)
+    try:
+        yield order
+    finally:
+        _backend.set_cpu_int8_order(previous)

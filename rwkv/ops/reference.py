@@ -161,6 +161,7 @@ def gemm_fp16(a, b, fp32_out):
 
 
 def linear_one(x, w):
-    """x [N] bf16 @ w [N, M] bf16 (column-major) with fp32 accumulation; returns [M] bf16."""
+    """x [N] @ w [N, M] (column-major), both bf16 or both fp32, with fp32 accumulation; returns [M]
+    in x's dtype."""
     _checks.validate_linear_one(x, w)
     return (x.to(torch.float32) @ w.to(torch.float32)).to(x.dtype)

@@ -1,51 +1,72 @@
-"""linear_one (bf16 matrix-vector, column-major weight): compiled vs the float64 spec with the
-low-precision rule (at most 2x the error of torch's own bf16 `x @ w`), every CPU ISA, opcheck,
-input errors."""
+"""linear_one (bf16 or fp32 matrix-vector, column-major weight): compiled vs the float64 spec
+(bf16: the low-precision rule, at most 2x the error of torch's own bf16 `x @ w`; fp32: the fp32
+tolerance), every CPU ISA, opcheck, input errors."""
 
 import pytest
 import torch
-from ops_testlib import IMPLS, assert_low_precision_ok, compiled_or_skip, implementation, uniform
+from ops_testlib import IMPLS, assert_close_f32, assert_low_precision_ok, compiled_or_skip, implementation, uniform
 
 from rwkv.ops import _testing
 
 OP = "linear_one"
 
 
-def make_inputs(N, M, rng, device="cpu"):
-    x = uniform((N,), rng, -1, 1, device, torch.bfloat16)
-    w = uniform((M, N), rng, -1, 1, device, torch.bfloat16).t()  # column-major, as the model stores it
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+def make_inputs(N, M, rng, device="cpu", dtype=torch.bfloat16):
+    x = uniform((N,), rng, -1, 1, device, dtype)
+    w = uniform((M, N), rng, -1, 1, device, dtype).t()  # column-major, as the model stores it
     return x, w
 
 
-def check(fn, N, M, rng, device="cpu"):
-    x, w = make_inputs(N, M, rng, device)
+def check(fn, N, M, rng, device="cpu", dtype=torch.bfloat16):
+    x, w = make_inputs(N, M, rng, device, dtype)
     y = fn(x, w)
-    assert y.dtype == torch.bfloat16 and y.shape == (M,)
+    assert y.dtype == dtype and y.shape == (M,)
     y64 = x.double() @ w.double()
-    assert_low_precision_ok(y.cpu(), y64.cpu(), (x @ w).cpu())
+    if dtype == torch.float32:
+        assert_close_f32(y.cpu(), y64.cpu())
+    else:
+        assert_low_precision_ok(y.cpu(), y64.cpu(), (x @ w).cpu())
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("N,M", [(1, 1), (16, 4), (77, 45), (300, 130), (2048, 67)])
-def test_linear_one_matches_reference(device, impl, N, M, rng):
-    check(implementation(OP, impl, device), N, M, rng, device)
+def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("float32 linear_one is a CPU kernel (CUDA rejects it: test_linear_one_cuda_rejects_fp32)")
+    check(implementation(OP, impl, device), N, M, rng, device, dtype)
 
 
-@pytest.mark.parametrize("N,M", [(77, 45), (1000, 9)])
-def test_linear_one_isa(cpu_isa, N, M, rng):
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("N,M", [(77, 45), (1000, 9), (15, 3)])
+def test_linear_one_isa(cpu_isa, N, M, dtype, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
-        check(fn, N, M, rng)
+        check(fn, N, M, rng, dtype=dtype)
 
 
-def test_linear_one_opcheck(rng):
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_one_opcheck(dtype, rng):
     compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.linear_one.default, make_inputs(40, 12, rng))
+    torch.library.opcheck(torch.ops.rwkv.linear_one.default, make_inputs(40, 12, rng, dtype=dtype))
+
+
+def test_linear_one_cuda_rejects_fp32(rng):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    fn = compiled_or_skip(OP, "cuda")
+    x, w = make_inputs(16, 4, rng, "cuda", torch.float32)
+    with pytest.raises(RuntimeError, match="linear_one: float32 is implemented on CPU only"):
+        fn(x, w)
 
 
 REJECT_CASES = {
-    "x_dtype": "linear_one: x must be bfloat16, got float32",
-    "w_dtype": "linear_one: w must be bfloat16, got float16",
+    "x_dtype": "linear_one: x must be bfloat16 or float32, got float16",
+    "w_dtype": r"linear_one: w must be bfloat16 \(x's dtype\), got float16",
+    "w_dtype_mixed": r"linear_one: w must be float32 \(x's dtype\), got bfloat16",
     "x_dim": r"linear_one: x must have shape \[N\], got \[1, 8\]",
     "w_shape": r"linear_one: w must have shape \[N, M\] = \[8, 5\], got \[9, 5\]",
     "w_row_major": r"linear_one: w must be column-major \(w.t\(\) contiguous\), got strides \[5, 1\]",
@@ -59,9 +80,11 @@ def test_linear_one_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     x, w = make_inputs(8, 5, rng)
     if case == "x_dtype":
-        x = x.float()
+        x = x.half()
     elif case == "w_dtype":
         w = w.half()
+    elif case == "w_dtype_mixed":
+        x = x.float()
     elif case == "x_dim":
         x = x.reshape(1, 8)
     elif case == "w_shape":

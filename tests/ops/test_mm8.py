@@ -207,6 +207,22 @@ def test_mm8_one_i16_isa(cpu_isa, dtype, N, M, rng):
         check_i16(fn, N, M, rng, dtype)
 
 
+@pytest.mark.parametrize("N,M", [(77, 45), (130, 64), (2048, 33), (4109, 9)])
+def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
+    """Both orders (one column at a time / column pairs with prefetch) pass the accuracy checks,
+    and since the dots are exact integers they give identical bits."""
+    fn = compiled_or_skip("mm8_one_i16")
+    args = make_inputs(0, N, M, rng, torch.float32)
+    out = {}
+    with _testing.force_cpu_isa(cpu_isa):
+        for order in _testing.INT8_ORDERS:
+            with _testing.force_cpu_int8_order(order):
+                assert ops.cpu_int8_order() == order
+                check_i16(fn, N, M, rng)
+                out[order] = fn(*args)
+    assert torch.equal(out["sequential"], out["pairs"])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mm8_one_i16_bound_is_tight_enough_to_matter(impl, rng):
     # The int16 error is real (so the bound is what is being tested) but small next to int8's own

@@ -30,7 +30,8 @@ void fill_kernel_table(KernelTable* table) {
   table->mm8_i16 = &mm8_i16<V>;
   table->mm8_tile_f32 = &mm8_tile_f32<V>;
   table->mm8_tile_bf16 = &mm8_tile_bf16<V>;
-  table->linear_one_bf16 = &linear_one<V>;
+  table->linear_one_bf16 = &linear_one<V, uint16_t>;
+  table->linear_one_f32 = &linear_one<V, float>;
 }
 
 }  // namespace RWKV_ISA

@@ -154,15 +154,15 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
   return amax / 32767.0f;
 }
 
-// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], 64 bytes per step with a
-// software prefetch 2 KiB ahead on each column (as mm8_columns), then the same epilogue with
-// dot = scale * (float)sum.
-template <class V, int B>
+// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], 64 bytes per step, then the
+// same epilogue as mm8_columns with dot = scale * (float)sum. kAhead > 0 adds a software prefetch
+// that many bytes ahead on each column stream.
+template <class V, int B, int64_t kAhead>
 inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8_t* q,
                             float scale, const float* sums, const float* rx, const float* mx,
                             float* y) {
   using D = typename V::Dot16;
-  constexpr int64_t kStep = D::kStep, kFlush = 2048, kAhead = 2048;
+  constexpr int64_t kStep = D::kStep, kFlush = 2048;
   const uint8_t* col[B];
   D d[B];
   for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;
@@ -170,7 +170,8 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
   for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
     for (int64_t n = n0; n < n1; n += kStep) {
-      for (int b = 0; b < B; ++b) __builtin_prefetch(col[b] + n + kAhead);
+      if (kAhead > 0)
+        for (int b = 0; b < B; ++b) __builtin_prefetch(col[b] + n + kAhead);
       for (int b = 0; b < B; ++b) d[b].add(xq + n, col[b] + n);
     }
     for (int b = 0; b < B; ++b) d[b].flush();
@@ -182,12 +183,21 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
   }
 }
 
+// Columns [m0, m1) in one of two memory orders (the results are identical: the dots are exact).
+// sequential: one column after another, no software prefetch, so each thread reads one
+// sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
+// 48 vs 21 GB/s). Otherwise column pairs with a software prefetch 2 KiB ahead (Intel: the
+// prefetch added 25-30%). docs/kernels.md has the measurements.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
-             const float* sums, const float* rx, const float* mx, float* y) {
+             const float* sums, const float* rx, const float* mx, float* y, bool sequential) {
   int64_t m = m0;
-  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2>(N, m, xq, q, scale, sums, rx, mx, y);
-  for (; m < m1; ++m) mm8_i16_columns<V, 1>(N, m, xq, q, scale, sums, rx, mx, y);
+  if (sequential) {
+    for (; m < m1; ++m) mm8_i16_columns<V, 1, 0>(N, m, xq, q, scale, sums, rx, mx, y);
+    return;
+  }
+  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, 2048>(N, m, xq, q, scale, sums, rx, mx, y);
+  for (; m < m1; ++m) mm8_i16_columns<V, 1, 2048>(N, m, xq, q, scale, sums, rx, mx, y);
 }
 
 // Tiles for mm8_seq's BLAS path: columns [m0, m1) of q as rows of out [m1 - m0, N], either as
