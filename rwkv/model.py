@@ -84,11 +84,20 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return t.pin_memory() if pin else t
 
 
+# Low-rank factors used as ``x @ W`` (v7 time mix; v6 token-shift and decay).
+LORA_NAMES = tuple(f".att.{n}" for n in ("w1", "w2", "a1", "a2", "v1", "v2", "g1", "g2",
+                                         "time_maa_w1", "time_decay_w1", "time_decay_w2"))
+
+
 def _place(w: dict, plan, n_layer: int) -> None:
     """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
     (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
-    layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster."""
+    layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster. The
+    small bf16 low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
+    matrices are, so one-token products can use the matrix-vector kernel (same values; 2-2.5x
+    torch's bf16 speed there; for fp32 torch's small products are as fast, and column-major would
+    slow its prefill GEMMs)."""
     pin = torch.cuda.is_available()
     on_cpu = []
     for key in list(w):
@@ -98,6 +107,9 @@ def _place(w: dict, plan, n_layer: int) -> None:
             continue
         dd = plan[slot_of(key, n_layer)]
         if dd.device == "cpu":
+            if (key.endswith(LORA_NAMES) and t.dim() == 2 and t.dtype == torch.bfloat16
+                    and not t.t().is_contiguous()):
+                w[key] = t.t().contiguous().t()
             on_cpu.append(key)
             continue
         if dd.stream and key.endswith(STREAM_NAMES):

@@ -17,6 +17,7 @@ class TimeMixV5:
 
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = self.prefix = f"blocks.{i}."
+        self.dd, self.mode = dd, mode
         self.H, self.N = info.n_head, info.head_size
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
         self.lx_w, self.lx_b = w[p + "att.ln_x.weight"], w[p + "att.ln_x.bias"]
@@ -64,19 +65,22 @@ class TimeMixV6(TimeMixV5):
         a = p + "att."
         self.maa_x = w[a + "time_maa_x"]
         self.maa = [w[a + f"time_maa_{c}"] for c in "wkvrg"]
-        self.maa_w1, self.maa_w2 = w[a + "time_maa_w1"], w[a + "time_maa_w2"]  # (C, 5D), (5, D, C)
-        self.decay_w1, self.decay_w2 = w[a + "time_decay_w1"], w[a + "time_decay_w2"]
+        # (C, 5D) and (5, D, C); the 2-D low-rank factors as Projections (one-token products on CPU
+        # use the matrix-vector kernel).
+        self.maa_w1, self.maa_w2 = Projection(w, a + "time_maa_w1", self.dd, self.mode), w[a + "time_maa_w2"]
+        self.decay_w1, self.decay_w2 = (Projection(w, a + n, self.dd, self.mode)
+                                        for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
 
     def _inputs(self, xx, prev):
         T = xx.shape[0]
         d = prev - xx
-        z = torch.tanh((xx + d * self.maa_x) @ self.maa_w1).view(T, 5, -1).transpose(0, 1)
+        z = torch.tanh(self.maa_w1(xx + d * self.maa_x)).view(T, 5, -1).transpose(0, 1)
         m = torch.bmm(z, self.maa_w2)  # (5, T, C): w, k, v, r, g
         wx, kx, vx, rx, gx = (xx + d * (self.maa[n] + m[n]) for n in range(5))
         r = self.receptance(rx, torch.float32)
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)
         g = F.silu(self.gate(gx))
-        wlog = self.decay_base + (torch.tanh(wx @ self.decay_w1) @ self.decay_w2).float()
+        wlog = self.decay_base + self.decay_w2(torch.tanh(self.decay_w1(wx))).float()
         return r, k, v, g, torch.exp(-torch.exp(wlog)).contiguous()

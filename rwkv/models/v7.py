@@ -20,11 +20,13 @@ class TimeMixV7:
         self.H, self.N = info.n_head, info.head_size
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
         self.mix = [w[a + f"x_{c}"] for c in "rwkvag"]
-        self.w0, self.w1, self.w2 = w[a + "w0"], w[a + "w1"], w[a + "w2"]
-        self.a0, self.a1, self.a2 = w[a + "a0"], w[a + "a1"], w[a + "a2"]
+        # Low-rank factors as Projections: one-token products on CPU use the matrix-vector kernel.
+        self.w0, self.a0 = w[a + "w0"], w[a + "a0"]
+        self.w1, self.w2, self.a1, self.a2, self.g1, self.g2 = (
+            Projection(w, a + n, dd, mode) for n in ("w1", "w2", "a1", "a2", "g1", "g2"))
         if i > 0:
-            self.v0, self.v1, self.v2 = w[a + "v0"], w[a + "v1"], w[a + "v2"]
-        self.g1, self.g2 = w[a + "g1"], w[a + "g2"]
+            self.v0 = w[a + "v0"]
+            self.v1, self.v2 = Projection(w, a + "v1", dd, mode), Projection(w, a + "v2", dd, mode)
         self.k_k, self.k_a = w[a + "k_k"], w[a + "k_a"]
         self.r_k = w[a + "r_k"].reshape(-1)
         self.lx_w, self.lx_b = w[a + "ln_x.weight"], w[a + "ln_x.bias"]
@@ -39,18 +41,18 @@ class TimeMixV7:
         d = token_shift(xa, sx) - xa
         xr, xw, xk, xv, xaa, xg = (xa + d * m for m in self.mix)
         r = self.receptance(xr)
-        wl = torch.tanh(xw @ self.w1) @ self.w2
+        wl = self.w2(torch.tanh(self.w1(xw)))
         k = self.key(xk)
         v = self.value(xv)
-        a = torch.sigmoid(self.a0 + (xaa @ self.a1) @ self.a2)
-        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        a = torch.sigmoid(self.a0 + self.a2(self.a1(xaa)))
+        g = self.g2(torch.sigmoid(self.g1(xg)))
         kk = F.normalize((k * self.k_k).view(T, H, N), dim=-1, p=2.0).view(T, H * N)
         k = k * (1 + (a - 1) * self.k_a)
         if self.layer == 0:
             v_first = v
         else:
             v_first = v_first.to(device=v.device, dtype=v.dtype)
-            v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
+            v = v + (v_first - v) * torch.sigmoid(self.v0 + self.v2(self.v1(xv)))
         decay = torch.exp(-DECAY_SCALE * torch.sigmoid((self.w0 + wl).float()))
         f32 = [t.float().contiguous() for t in (r, k, v, -kk, kk * a)]
         y = self.wkv(S, f32[0], decay.contiguous(), f32[1], f32[2], f32[3], f32[4]).to(x.dtype)
