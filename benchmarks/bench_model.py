@@ -10,7 +10,8 @@ decode ms/token (median of --decode single-token forwards after warm-up) and pre
 on the same file, plus the machine's memory read bandwidth in the same run (the best of several readers, measured
 before and after the models; see memory_bandwidth). Each row prints both
 figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a share of the
-measured bandwidth. Upstream's v7 class has no int8 ("n/a").
+measured bandwidth, and against the bandwidth measured right after that row (the machine is shared
+and drifts). Upstream's v7 class has no int8 ("n/a").
 """
 
 from __future__ import annotations
@@ -103,6 +104,28 @@ def memory_bandwidth(threads: int) -> dict:
     return {"GBps": max(v or 0.0 for v in rates.values()), **rates}
 
 
+class AdjacentBandwidth:
+    """The read bandwidth right next to one row's timing: best of 3 ``torch.sum`` over 1 GiB of fp32
+    in huge pages (kept allocated for the whole run). The machine is shared and its bandwidth
+    drifts (33-62 GB/s within one run was seen), so each row is also held to what the machine gave
+    at that moment."""
+
+    def __init__(self):
+        from rwkv import hugepages
+
+        self.w = {"a": torch.ones(256 * 1024 * 1024, dtype=torch.float32)}
+        hugepages.pack(self.w, ["a"])
+
+    def measure(self) -> float:
+        a = self.w["a"]
+        best = 0.0
+        for _ in range(3):
+            t0 = time.perf_counter()
+            a.sum()
+            best = max(best, a.numel() * a.element_size() / (time.perf_counter() - t0) / 1e9)
+        return best
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
     one row)."""
@@ -153,6 +176,7 @@ def main(argv=None) -> int:
     bws = memory_bandwidth(a.threads)
     emit({"kind": "memory_bandwidth", "when": "before", **{k: v and round(v, 2) for k, v in bws.items()},
           "threads": a.threads})
+    adjacent = AdjacentBandwidth()
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="rwkv-bench-"))
     rows = []
     for size in a.sizes.split(","):
@@ -166,6 +190,7 @@ def main(argv=None) -> int:
             for strategy in a.strategies.split(","):
                 strategy = strategy.strip()
                 ours = bench_ours(str(path), strategy, a.decode, a.prefill)
+                local_bw = adjacent.measure()
                 up = {"error": "skipped"}
                 if not a.no_upstream:
                     if version == "7" and "i8" in strategy:
@@ -181,7 +206,9 @@ def main(argv=None) -> int:
                        "ours_prefill_tps": round(ours["prefill_tps"], 1),
                        "upstream_prefill_tps": round(up["prefill_tps"], 1) if "prefill_tps" in up else None,
                        "prefill_speedup": round(ours["prefill_tps"] / up["prefill_tps"], 2) if "prefill_tps" in up else None,
-                       "weight_MB_per_token": round(ours["bytes"] / 1e6, 1), "ours_GBps": round(gbps, 2)}
+                       "weight_MB_per_token": round(ours["bytes"] / 1e6, 1), "ours_GBps": round(gbps, 2),
+                       "adjacent_bandwidth_GBps": round(local_bw, 1),
+                       "pct_of_adjacent_bandwidth": round(100 * gbps / local_bw, 1)}
                 emit({**row, "kind": "model (progress)"})  # the final "model" record adds % of bandwidth
                 rows.append(row)
     # The machine's bandwidth drifts (shared hardware): measure again and hold every row to the best.
@@ -192,12 +219,14 @@ def main(argv=None) -> int:
     for row in rows:
         row["pct_of_bandwidth"] = round(100 * row["ours_GBps"] / bw, 1)
         emit(row)
-    print("\n| size | v | strategy | ours ms/tok | upstream ms/tok | x | ours prefill tok/s | upstream | x | MB/tok | GB/s | % BW |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| size | v | strategy | ours ms/tok | upstream ms/tok | x | ours prefill tok/s | upstream | x | MB/tok "
+          "| GB/s | % BW | adjacent BW | % adj. |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['version']} | {r['strategy']} | {r['ours_decode_ms']} | {r['upstream_decode_ms']} | "
               f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {r['upstream_prefill_tps']} | {r['prefill_speedup']} | "
-              f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} |")
+              f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} | "
+              f"{r['adjacent_bandwidth_GBps']} | {r['pct_of_adjacent_bandwidth']} |")
     print(f"\nmemory read bandwidth: {bw:.1f} GB/s, the best of ({a.threads} threads, before / after "
           "the models): " + "; ".join(f"{k[:-5]} " + " / ".join("n/a" if b[k] is None else f"{b[k]:.1f}"
                                                                  for b in (bws, bws_after))
