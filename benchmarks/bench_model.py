@@ -40,15 +40,20 @@ VOCAB = 65536
 UPSTREAM_RUNNER = Path(__file__).resolve().parent / "_upstream_bench.py"
 
 
-def _read_rate(a: torch.Tensor) -> float:
-    """Best of 5 ``a.sum()`` in GB/s (after one warm-up)."""
-    a.sum()
+def _best_rate(read, nbytes: int, passes: int) -> float:
+    """Best of ``passes`` calls of ``read()`` (which reads nbytes) in GB/s."""
     best = 0.0
-    for _ in range(5):
+    for _ in range(passes):
         t0 = time.perf_counter()
-        a.sum()
-        best = max(best, a.numel() * a.element_size() / (time.perf_counter() - t0) / 1e9)
+        read()
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
     return best
+
+
+def _read_rate(a: torch.Tensor, passes: int = 5) -> float:
+    """Best of ``passes`` ``a.sum()`` in GB/s (after one warm-up)."""
+    a.sum()
+    return _best_rate(a.sum, a.numel() * a.element_size(), passes)
 
 
 def _kernel_read_rate(kind: str) -> float | None:
@@ -76,15 +81,13 @@ def _kernel_read_rate(kind: str) -> float | None:
         run = lambda w: ops.linear_one(x, w)  # noqa: E731
     hugepages.pack(mats, list(mats))
     nbytes = sum(w.numel() * w.element_size() for w in mats.values())
-    for w in mats.values():
-        run(w)
-    best = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
+
+    def read_all():
         for w in mats.values():
             run(w)
-        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
-    return best
+
+    read_all()
+    return _best_rate(read_all, nbytes, 5)
 
 
 def memory_bandwidth(threads: int) -> dict:
@@ -117,13 +120,7 @@ class AdjacentBandwidth:
         hugepages.pack(self.w, ["a"])
 
     def measure(self) -> float:
-        a = self.w["a"]
-        best = 0.0
-        for _ in range(3):
-            t0 = time.perf_counter()
-            a.sum()
-            best = max(best, a.numel() * a.element_size() / (time.perf_counter() - t0) / 1e9)
-        return best
+        return _read_rate(self.w["a"], passes=3)
 
 
 def weight_bytes_per_token(model) -> int:

@@ -17,7 +17,6 @@ class TimeMixV5:
 
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = self.prefix = f"blocks.{i}."
-        self.dd, self.mode = dd, mode
         self.H, self.N = info.n_head, info.head_size
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
         self.lx_w, self.lx_b = w[p + "att.ln_x.weight"], w[p + "att.ln_x.bias"]
@@ -28,10 +27,10 @@ class TimeMixV5:
             setattr(self, name, Projection(w, p + f"att.{name}.weight", dd, mode, stream and name != "gate"))
         shape = (self.H, self.N)
         self.first = w[p + "att.time_first"].expand(self.H, self.N, 1).reshape(shape).contiguous()
-        self._load_mixes(w, p)
+        self._load_mixes(w, p, dd, mode)
         self.wkv = ops.resolve(self.op_name, torch.device(dd.device).type, mode)
 
-    def _load_mixes(self, w, p):
+    def _load_mixes(self, w, p, dd, mode):
         names = "kvr" + ("g" if self.gated else "")
         # (mix, 1 - mix) pairs: 1 - mix is computed once here instead of on every call (same values).
         self.mixes = [(m, 1 - m) for m in (w[p + f"att.time_mix_{c}"] for c in names)]
@@ -61,14 +60,14 @@ class TimeMixV5:
 class TimeMixV6(TimeMixV5):
     op_name = "wkv6_forward"
 
-    def _load_mixes(self, w, p):
+    def _load_mixes(self, w, p, dd, mode):
         a = p + "att."
         self.maa_x = w[a + "time_maa_x"]
         self.maa = [w[a + f"time_maa_{c}"] for c in "wkvrg"]
         # (C, 5D) and (5, D, C); the 2-D low-rank factors as Projections (one-token products on CPU
         # use the matrix-vector kernel).
-        self.maa_w1, self.maa_w2 = Projection(w, a + "time_maa_w1", self.dd, self.mode), w[a + "time_maa_w2"]
-        self.decay_w1, self.decay_w2 = (Projection(w, a + n, self.dd, self.mode)
+        self.maa_w1, self.maa_w2 = Projection(w, a + "time_maa_w1", dd, mode), w[a + "time_maa_w2"]
+        self.decay_w1, self.decay_w2 = (Projection(w, a + n, dd, mode)
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
 
