@@ -36,8 +36,9 @@ def available() -> bool:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """Row-major, or a 2-D column-major view (how upstream keeps (in, out) weights)."""
-    return t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous())
+    """Row-major, or a view with its last two dims swapped (how upstream keeps (in, out) weights,
+    and how int8 row slabs are kept, rwkv/quant.py)."""
+    return t.is_contiguous() or (t.dim() >= 2 and t.transpose(-1, -2).is_contiguous())
 
 
 def _eligible(t) -> bool:

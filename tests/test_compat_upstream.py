@@ -26,6 +26,7 @@ Tolerances, and why:
 import pytest
 import torch
 
+from rwkv import quant
 from rwkv.model import RWKV
 from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
 from tests.upstream import run_upstream_many, upstream_convert, upstream_skip_reason
@@ -122,14 +123,36 @@ def test_fast_int8_close_to_upstream(checkpoints, upstream, version, strategy):
     # The default int8 path (activation rounded to int16 for one-token products): within 5% of
     # upstream's own int8-vs-fp32 difference, tensor by tensor (module docstring).
     path = checkpoints[version]
-    ours, ref, ref_fp32 = _ours(path, strategy), upstream[(path, strategy)], upstream[(path, "cpu fp32")]
+    _check_fast_int8(_ours(path, strategy), upstream[(path, strategy)], upstream[(path, "cpu fp32")],
+                     version, strategy)
+
+
+def _check_fast_int8(ours, ref, ref_fp32, version, label):
     for n, (o, r, f) in enumerate(zip(ours, ref, ref_fp32)):
         pairs = [("logits", o["logits"], r["logits"], f["logits"])]
         pairs += [(f"state[{i}]", a, b, c) for i, (a, b, c) in enumerate(zip(o["state"], r["state"], f["state"]))
                   if not (version == "4" and i % 5 == 3)]  # v4's pp: compared through aa/bb
         for what, a, b, c in pairs:
             tol = max(1e-4, 0.05 * _err(b, c))
-            assert _err(a, b) <= tol, f"v{version} {strategy} call {n} {what}: {_err(a, b):.3g} > {tol:.3g}"
+            assert _err(a, b) <= tol, f"v{version} {label} call {n} {what}: {_err(a, b):.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("version", CLASSIC)
+def test_int8_row_slabs_match_upstream(checkpoints, upstream, monkeypatch, version):
+    # CPU int8 matrices stored as row slabs (rwkv/quant.py; real models split only matrices of more
+    # than 4096 rows, in 2-4 slabs). Strict fp32 comparison with every matrix in slabs of 64 rows;
+    # the default path's bound (test above) as in a real model: only ffn.value split.
+    path, s = checkpoints[version], "cpu fp32i8"
+    skip = (lambda i: i % 5 == 3) if version == "4" else (lambda i: False)
+    for rows in (64, 256):
+        monkeypatch.setattr(quant, "SLAB_ROWS", rows)
+        w = RWKV(path, s, verbose=False).w
+        assert w["blocks.0.ffn.value.weight"].dim() == 3
+        assert (w["blocks.0.att.key.weight"].dim() == 3) == (rows == 64)
+        if rows == 64:
+            _compare_runs(_ours(path, s, exact_int8=True), upstream[(path, s)], None, s, f"v{version} slabs", skip)
+        else:
+            _check_fast_int8(_ours(path, s), upstream[(path, s)], upstream[(path, "cpu fp32")], version, "slabs")
 
 
 @pytest.mark.parametrize("version", CLASSIC + ("7",))

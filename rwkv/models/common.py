@@ -62,6 +62,13 @@ class Projection:
         dev_type = self.device.type
         if self.int8:
             self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry"))
+            # Row slabs (rwkv/quant.py): (rows, slab, its side tensors) for each slab.
+            self.slabs = None
+            if self.weight.dim() == 3:
+                k = self.weight.shape[1]
+                mx, rx, my, ry = self.side
+                self.slabs = [(slice(i * k, (i + 1) * k), q, (mx, rx, my[i * k:(i + 1) * k], ry[i * k:(i + 1) * k]))
+                              for i, q in enumerate(self.weight.unbind(0))]
             self._mode = mode
             fast = dev_type == "cpu" and mode != "reference" and _compiled("mm8_one_i16", "CPU")
             self._use_one("mm8_one_i16" if fast else "mm8_one")
@@ -92,13 +99,20 @@ class Projection:
             return self.weight.to(self.device, non_blocking=True)
         return self.weight
 
+    def _int8(self, x: torch.Tensor, q: torch.Tensor, side: tuple) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return self._one(x[0], q, *side).unsqueeze(0)
+        return self._seq(x, q, *side)
+
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         W = self._weight()
         if self.int8:
-            if x.shape[0] == 1:
-                y = self._one(x[0], W, *self.side).unsqueeze(0)
-            else:
-                y = self._seq(x, W, *self.side)
+            if self.slabs is None:
+                y = self._int8(x, W, self.side)
+            else:  # the product is linear in the rows: sum the slabs' products
+                y = self._int8(x[:, self.slabs[0][0]], self.slabs[0][1], self.slabs[0][2])
+                for rows, q, side in self.slabs[1:]:
+                    y += self._int8(x[:, rows], q, side)
         elif out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True)
         elif self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
