@@ -14,14 +14,13 @@ import types
 import numpy as np
 import torch
 
-from . import hugepages, ops
+from . import hugepages, ops, slabs
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
 from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
 from .models.base import Runtime, StateError, TokenError
 from .models.common import _compiled
-from .quant import slab_count, split_rows
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 
@@ -98,8 +97,9 @@ def _place(w: dict, plan, n_layer: int) -> None:
     small bf16 low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
     matrices are, so one-token products can use the matrix-vector kernel (same values; 2-2.5x
     torch's bf16 speed there; for fp32 torch's small products are as fast, and column-major would
-    slow its prefill GEMMs). CPU int8 matrices with more than SLAB_ROWS rows are stored as row slabs
-    (rwkv/quant.py: faster decode), a [slabs, rows, out] tensor in ``w``."""
+    slow its prefill GEMMs). Big CPU matrices whose one-token activation would not stay in the L1
+    cache (int8 with more than 4096 rows, bf16/fp32 with more than 2048) are stored as row slabs
+    (rwkv/slabs.py: faster decode), a [slabs, rows, out] tensor in ``w``."""
     pin = torch.cuda.is_available()
     on_cpu = []
     for key in list(w):
@@ -112,9 +112,8 @@ def _place(w: dict, plan, n_layer: int) -> None:
             if (key.endswith(LORA_NAMES) and t.dim() == 2 and t.dtype == torch.bfloat16
                     and not t.t().is_contiguous()):
                 w[key] = t.t().contiguous().t()
-            slabs = slab_count(t.shape[0]) if t.dim() == 2 and t.dtype == torch.uint8 else 1
-            if slabs > 1:
-                w[key] = split_rows(t, slabs)
+            if key.endswith(".weight"):  # the big matrices, all used through Projection
+                w[key] = slabs.for_decode(w[key])
             on_cpu.append(key)
             continue
         if dd.stream and key.endswith(STREAM_NAMES):

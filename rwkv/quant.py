@@ -64,36 +64,3 @@ def quantize_int8(w: torch.Tensor, atype: torch.dtype) -> tuple[Int8Weight, tupl
     side = [t.to(dtype=atype).contiguous() for t in (mx, rx / 16, my, ry / 16)]
     return Int8Weight(q, *side), order
 
-
-# Row slabs for CPU decode. The one-token int8 kernel reads each column of q [N, M] (N contiguous
-# bytes) against all N values of the activation, kept as int16. Past about 4096 rows that activation
-# (8 KiB) no longer stays in the 32 KiB L1 cache beside the streaming weights, and the kernel slows
-# down: on the Zen 4 development machine, one thread, 2048x8192 streams 24 GB/s, 8192x2048 13-18
-# and 16384x1024 9-11 (benchmarks/RESULTS.md). Reading the columns in other orders (pairs, row
-# blocks of several columns) is slower still there, because the hardware prefetcher follows one
-# sequential stream best. So CPU int8 matrices with more rows are stored as row slabs, one after
-# another, each a column-major [K, M] matrix with K <= SLAB_ROWS: a slab is a plain int8 matrix for
-# every op, and since the int8 product is linear in the rows, y = sum over slabs of each slab's
-# product (with that slab's rows of my and ry, and all of mx and rx).
-SLAB_ROWS = 4096
-
-
-def slab_count(n: int) -> int:
-    """How many equal slabs of at most SLAB_ROWS rows (a multiple of 64) an n-row matrix is split
-    into; 1 when it is short enough or no such split exists."""
-    if n <= SLAB_ROWS:
-        return 1
-    for s in range(-(-n // SLAB_ROWS), n // 64 + 1):
-        if n % s == 0 and (n // s) % 64 == 0:
-            return s
-    return 1
-
-
-def split_rows(q: torch.Tensor, slabs: int) -> torch.Tensor:
-    """q [N, M] as a [slabs, N/slabs, M] tensor whose slab i holds rows i*K..(i+1)*K-1 of q as a
-    column-major [K, M] matrix, the slabs one after another in memory (strides (K*M, 1, K))."""
-    n, m = q.shape
-    k = n // slabs
-    out = torch.empty(slabs, m, k, dtype=q.dtype, device=q.device)
-    out.copy_(q.t().reshape(m, slabs, k).transpose(0, 1))
-    return out.transpose(1, 2)

@@ -26,7 +26,7 @@ Tolerances, and why:
 import pytest
 import torch
 
-from rwkv import quant
+from rwkv import slabs
 from rwkv.model import RWKV
 from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
 from tests.upstream import run_upstream_many, upstream_convert, upstream_skip_reason
@@ -138,14 +138,14 @@ def _check_fast_int8(ours, ref, ref_fp32, version, label):
 
 
 @pytest.mark.parametrize("version", CLASSIC)
-def test_int8_row_slabs_match_upstream(checkpoints, upstream, monkeypatch, version):
-    # CPU int8 matrices stored as row slabs (rwkv/quant.py; real models split only matrices of more
+def test_row_slabs_match_upstream(checkpoints, upstream, monkeypatch, version):
+    # CPU int8 matrices stored as row slabs (rwkv/slabs.py; real models split only matrices of more
     # than 4096 rows, in 2-4 slabs). Strict fp32 comparison with every matrix in slabs of 64 rows;
     # the default path's bound (test above) as in a real model: only ffn.value split.
     path, s = checkpoints[version], "cpu fp32i8"
     skip = (lambda i: i % 5 == 3) if version == "4" else (lambda i: False)
     for rows in (64, 256):
-        monkeypatch.setattr(quant, "SLAB_ROWS", rows)
+        monkeypatch.setattr(slabs, "SLAB_BYTES", 2 * rows)  # int16 activation
         w = RWKV(path, s, verbose=False).w
         assert w["blocks.0.ffn.value.weight"].dim() == 3
         assert (w["blocks.0.att.key.weight"].dim() == 3) == (rows == 64)
@@ -153,6 +153,11 @@ def test_int8_row_slabs_match_upstream(checkpoints, upstream, monkeypatch, versi
             _compare_runs(_ours(path, s, exact_int8=True), upstream[(path, s)], None, s, f"v{version} slabs", skip)
         else:
             _check_fast_int8(_ours(path, s), upstream[(path, s)], upstream[(path, "cpu fp32")], version, "slabs")
+    # Dense fp32 matrices in slabs of 64 rows (real models: bf16/fp32 matrices of more than 2048 rows).
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 256)  # fp32 activation
+    s = "cpu fp32"
+    assert RWKV(path, s, verbose=False).w["blocks.0.att.key.weight"].dim() == 3
+    _compare_runs(_ours(path, s), upstream[(path, s)], None, s, f"v{version} {s} slabs", skip)
 
 
 @pytest.mark.parametrize("version", CLASSIC + ("7",))

@@ -1,5 +1,5 @@
 // CPU instruction-set choice and int8 read order (see cpu_features.h) and their test-hook ops
-// rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_int8_order and rwkv::_set_cpu_int8_order
+// rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_read_order and rwkv::_set_cpu_read_order
 // (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
 #include "cpu/cpu_features.h"
 
@@ -90,9 +90,9 @@ int automatic_order() {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) chosen = kSequential;
 #endif
-    const char* env = std::getenv("RWKV_CPU_INT8_ORDER");
+    const char* env = std::getenv("RWKV_CPU_READ_ORDER");
     if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {
-      TORCH_WARN("RWKV_CPU_INT8_ORDER must be sequential or pairs, got '", env, "'; ignoring it");
+      TORCH_WARN("RWKV_CPU_READ_ORDER must be sequential or pairs, got '", env, "'; ignoring it");
     }
     return chosen;
   }();
@@ -104,15 +104,15 @@ int active_order() {
   return forced == kAutomatic ? automatic_order() : forced;
 }
 
-std::string cpu_int8_order_op() { return order_name(active_order()); }
+std::string cpu_read_order_op() { return order_name(active_order()); }
 
 // Forces `order` ("" or "auto": back to the automatic choice); returns the previously forced one.
-std::string set_cpu_int8_order_op(std::string order) {
+std::string set_cpu_read_order_op(std::string order) {
   const int previous = g_forced_order.load();
   std::string previous_name = previous == kAutomatic ? "" : order_name(previous);
   int wanted = kAutomatic;
   TORCH_CHECK(order.empty() || order == "auto" || parse_order(order, &wanted),
-              "_set_cpu_int8_order: order must be sequential, pairs or empty, got '", order, "'");
+              "_set_cpu_read_order: order must be sequential, pairs or empty, got '", order, "'");
   g_forced_order.store(wanted);
   return previous_name;
 }
@@ -160,7 +160,7 @@ const KernelTable& kernels() {
   return tables.row[static_cast<int>(active_isa())];
 }
 
-bool int8_sequential() { return active_order() == kSequential; }
+bool read_sequential() { return active_order() == kSequential; }
 
 }  // namespace cpu
 }  // namespace rwkv
@@ -169,6 +169,6 @@ bool int8_sequential() { return active_order() == kSequential; }
 TORCH_LIBRARY_IMPL(rwkv, CompositeExplicitAutograd, m) {
   m.impl("_cpu_isa", &rwkv::cpu::cpu_isa_op);
   m.impl("_set_cpu_isa", &rwkv::cpu::set_cpu_isa_op);
-  m.impl("_cpu_int8_order", &rwkv::cpu::cpu_int8_order_op);
-  m.impl("_set_cpu_int8_order", &rwkv::cpu::set_cpu_int8_order_op);
+  m.impl("_cpu_read_order", &rwkv::cpu::cpu_read_order_op);
+  m.impl("_set_cpu_read_order", &rwkv::cpu::set_cpu_read_order_op);
 }

@@ -21,12 +21,13 @@ Isa active_isa();
 // The kernel row of the active ISA.
 const KernelTable& kernels();
 
-// How mm8_one_i16 reads the int8 matrix: true = one column after another (one sequential stream
-// per thread, no software prefetch), false = column pairs with a software prefetch. Automatic:
+// How the one-token kernels read the matrix: true = one column after another (one sequential
+// stream per thread, no software prefetch), false = several columns at a time (mm8_one_i16:
+// column pairs with a software prefetch; linear_one: 4 columns sharing each x load). Automatic:
 // sequential on AMD CPUs, pairs elsewhere (each measured fastest there); the environment variable
-// RWKV_CPU_INT8_ORDER=sequential|pairs overrides it (read when first needed; an invalid value
-// warns and is ignored); the test hook rwkv::_set_cpu_int8_order forces it.
-bool int8_sequential();
+// RWKV_CPU_READ_ORDER=sequential|pairs overrides it (read when first needed; an invalid value
+// warns and is ignored); the test hook rwkv::_set_cpu_read_order forces it.
+bool read_sequential();
 
 }  // namespace cpu
 }  // namespace rwkv

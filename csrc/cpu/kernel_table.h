@@ -31,18 +31,18 @@ struct KernelTable {
   void (*mm8_tile_f32)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, float* out);
   void (*mm8_tile_bf16)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, uint16_t* out);
   // linear_one on output columns [m0, m1): y[m] = x . w[:, m], column m (bf16 or fp32) at
-  // w + m*N; x [N] fp32.
+  // w + m*N; x [N] fp32; columns read one by one (sequential) or 4 at a time (read_sequential()).
   void (*linear_one_bf16)(int64_t N, int64_t m0, int64_t m1, const float* x, const uint16_t* w,
-                          float* y);
+                          float* y, bool sequential);
   void (*linear_one_f32)(int64_t N, int64_t m0, int64_t m1, const float* x, const float* w,
-                         float* y);
+                         float* y, bool sequential);
   // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);
   // mm8_one_i16's steps (one row): xs [N] -> xq [n_pad] int16 (n_pad a multiple of 64, zeros
   // past N), returning the scale (0: use mm8 instead); then on output columns [m0, m1)
   // y[m] = rx[m]*(scale*(xq . q[:, m]) + sums[0]) + sums[1] + mx[m]*sums[2], the dot exact,
-  // reading q column by column (sequential) or in column pairs (see int8_sequential()).
+  // reading q column by column (sequential) or in column pairs (see read_sequential()).
   float (*mm8_quantize_i16)(int64_t N, int64_t n_pad, const float* xs, int16_t* xq);
   void (*mm8_i16)(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q,
                   float scale, const float* sums, const float* rx, const float* mx, float* y,

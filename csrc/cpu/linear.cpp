@@ -21,6 +21,7 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
   const at::Tensor x32 = x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({d.M}, x32.options());
   const KernelTable& kt = kernels();
+  const bool sequential = read_sequential();
   // Blocks of 16 columns keep the kernel's 4-column groups whole; a task gets >= ~64k MACs.
   constexpr int64_t kBlock = 16;
   const int64_t blocks = (d.M + kBlock - 1) / kBlock;
@@ -28,10 +29,11 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t m0 = b0 * kBlock, m1 = std::min(d.M, b1 * kBlock);
     if (w.scalar_type() == at::kFloat) {
-      kt.linear_one_f32(d.N, m0, m1, x32.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>());
+      kt.linear_one_f32(d.N, m0, m1, x32.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(),
+                        sequential);
     } else {
       const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-      kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>());
+      kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>(), sequential);
     }
   });
   return y.to(x.scalar_type());

@@ -164,7 +164,7 @@ at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tenso
     mm8_loop(p, y);
     return in_dtype(y, x);
   }
-  const bool sequential = int8_sequential();
+  const bool sequential = read_sequential();
   for_column_blocks(1, p.N, p.M, [&](int64_t m0, int64_t m1) {
     kt.mm8_i16(p.N, m0, m1, xqp, p.q.data_ptr<uint8_t>(), scale, sums,
                p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(), y.data_ptr<float>(),

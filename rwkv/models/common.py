@@ -60,15 +60,15 @@ class Projection:
         self.int8 = self.weight.dtype == torch.uint8
         self.stream = stream and self.device.type != "cpu"
         dev_type = self.device.type
+        self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry")) if self.int8 else ()
+        # Row slabs (rwkv/slabs.py; CPU only): (its rows of x, the slab, its side tensors) each.
+        self.slabs = None
+        if self.weight.dim() == 3:
+            k = self.weight.shape[1]
+            self.slabs = [(slice(i * k, (i + 1) * k), q, _slab_side(self.side, i * k, (i + 1) * k))
+                          for i, q in enumerate(self.weight.unbind(0))]
+        matrix = self.weight if self.slabs is None else self.slabs[0][1]
         if self.int8:
-            self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry"))
-            # Row slabs (rwkv/quant.py): (rows, slab, its side tensors) for each slab.
-            self.slabs = None
-            if self.weight.dim() == 3:
-                k = self.weight.shape[1]
-                mx, rx, my, ry = self.side
-                self.slabs = [(slice(i * k, (i + 1) * k), q, (mx, rx, my[i * k:(i + 1) * k], ry[i * k:(i + 1) * k]))
-                              for i, q in enumerate(self.weight.unbind(0))]
             self._mode = mode
             fast = dev_type == "cpu" and mode != "reference" and _compiled("mm8_one_i16", "CPU")
             self._use_one("mm8_one_i16" if fast else "mm8_one")
@@ -81,7 +81,7 @@ class Projection:
         # the fallback.
         self._dense_one = None
         if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
-                and self.weight.dim() == 2 and self.weight.t().is_contiguous()
+                and matrix.t().is_contiguous()
                 and _compiled("linear_one", "CPU")):
             self._dense_one = ops.resolve("linear_one", dev_type, mode)
 
@@ -99,27 +99,35 @@ class Projection:
             return self.weight.to(self.device, non_blocking=True)
         return self.weight
 
-    def _int8(self, x: torch.Tensor, q: torch.Tensor, side: tuple) -> torch.Tensor:
-        if x.shape[0] == 1:
-            return self._one(x[0], q, *side).unsqueeze(0)
-        return self._seq(x, q, *side)
+    def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype) -> torch.Tensor:
+        if self.int8:
+            if x.shape[0] == 1:
+                return self._one(x[0], W, *side).unsqueeze(0)
+            return self._seq(x, W, *side)
+        if out_dtype == torch.float32 and self._gemm16 is not None:
+            return self._gemm16(x, W, True)
+        if self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
+            return self._dense_one(x[0], W).unsqueeze(0)
+        return x @ W
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        W = self._weight()
-        if self.int8:
-            if self.slabs is None:
-                y = self._int8(x, W, self.side)
-            else:  # the product is linear in the rows: sum the slabs' products
-                y = self._int8(x[:, self.slabs[0][0]], self.slabs[0][1], self.slabs[0][2])
-                for rows, q, side in self.slabs[1:]:
-                    y += self._int8(x[:, rows], q, side)
-        elif out_dtype == torch.float32 and self._gemm16 is not None:
-            return self._gemm16(x, W, True)
-        elif self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
-            y = self._dense_one(x[0], W).unsqueeze(0)
-        else:
-            y = x @ W
+        if self.slabs is None:
+            y = self._product(x, self._weight(), self.side, out_dtype)
+        else:  # the product is linear in the rows: the slabs' products summed in fp32
+            parts = [self._product(x[:, rows], q, side, out_dtype) for rows, q, side in self.slabs]
+            y = parts[0].float()
+            for part in parts[1:]:
+                y += part
+            y = y.to(parts[0].dtype)
         return y if out_dtype is None else y.to(out_dtype)
+
+
+def _slab_side(side: tuple, r0: int, r1: int) -> tuple:
+    """A row slab's int8 side tensors: all of mx and rx (per column), its rows of my and ry."""
+    if not side:
+        return ()
+    mx, rx, my, ry = side
+    return mx, rx, my[r0:r1], ry[r0:r1]
 
 
 def projections(module) -> list:

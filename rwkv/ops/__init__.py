@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from . import _schemas, reference
-from ._backend import MODES, backend_report, cpu_int8_order, cpu_isa, resolve
+from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_int8_order", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
 
 Tensor = torch.Tensor

@@ -149,22 +149,22 @@ def set_cpu_isa(isa: str) -> str:
     return torch.ops.rwkv._set_cpu_isa(isa)
 
 
-def cpu_int8_order() -> str:
+def cpu_read_order() -> str:
     """How one-token int8 products read the matrix on CPU: "sequential" (column after column) or
     "pairs" (column pairs with software prefetch); "none" without compiled CPU kernels. Automatic
-    by CPU vendor; ``RWKV_CPU_INT8_ORDER=sequential|pairs`` overrides it."""
+    by CPU vendor; ``RWKV_CPU_READ_ORDER=sequential|pairs`` overrides it."""
     _load()
-    if not has_kernel("_cpu_int8_order", "CompositeExplicitAutograd"):
+    if not has_kernel("_cpu_read_order", "CompositeExplicitAutograd"):
         return "none"
-    return torch.ops.rwkv._cpu_int8_order()
+    return torch.ops.rwkv._cpu_read_order()
 
 
-def set_cpu_int8_order(order: str) -> str:
+def set_cpu_read_order(order: str) -> str:
     """Forces the int8 read order ("" = automatic); returns the previously forced one."""
     _load()
-    if not has_kernel("_set_cpu_int8_order", "CompositeExplicitAutograd"):
+    if not has_kernel("_set_cpu_read_order", "CompositeExplicitAutograd"):
         raise RuntimeError(f"rwkv.ops: cannot force the int8 order: {_load_error or 'no CPU kernels'}")
-    return torch.ops.rwkv._set_cpu_int8_order(order)
+    return torch.ops.rwkv._set_cpu_read_order(order)
 
 
 def backend_report() -> str:
@@ -176,7 +176,7 @@ def backend_report() -> str:
     else:
         devices = [d for d in ("cpu", "cuda") if any(has_kernel(op, _dispatch_key(d))
                                                      for op in _schemas.OPS)]
-        summary = ", ".join(f"{d}: {cpu_isa()}, int8 {cpu_int8_order()}" if d == "cpu" else d
+        summary = ", ".join(f"{d}: {cpu_isa()}, {cpu_read_order()} reads" if d == "cpu" else d
                             for d in devices)
         lines.append(f"compiled ({summary or 'no kernels registered'})")
         lines.append(f"  module: {getattr(_module, '__file__', '?')}")

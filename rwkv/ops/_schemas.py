@@ -126,8 +126,8 @@ def _linear_one_fake(x, w):
 _define("_cpu_isa", "() -> str")
 _define("_set_cpu_isa", "(str isa) -> str")
 # The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or pairs).
-_define("_cpu_int8_order", "() -> str")
-_define("_set_cpu_int8_order", "(str order) -> str")
+_define("_cpu_read_order", "() -> str")
+_define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "mm8_one", "mm8_seq",

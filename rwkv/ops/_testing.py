@@ -8,7 +8,7 @@ from typing import Iterator, List
 from . import _backend
 
 ISAS = ("scalar", "avx2", "avx512")
-INT8_ORDERS = ("sequential", "pairs")
+READ_ORDERS = ("sequential", "pairs")
 
 
 @contextlib.contextmanager
@@ -40,14 +40,14 @@ def supported_cpu_isas() -> List[str]:
 
 
 @contextlib.contextmanager
-def force_cpu_int8_order(order: str) -> Iterator[str]:
+def force_cpu_read_order(order: str) -> Iterator[str]:
     """Runs the block with mm8_one_i16 reading the matrix in ``order`` (sequential, pairs);
     restores the previous choice afterwards. Process-wide, like force_cpu_isa."""
-    if order not in INT8_ORDERS:
-        raise ValueError(f"force_cpu_int8_order: order must be one of {', '.join(INT8_ORDERS)}, "
+    if order not in READ_ORDERS:
+        raise ValueError(f"force_cpu_read_order: order must be one of {', '.join(READ_ORDERS)}, "
                          f"got {order!r}")
-    previous = _backend.set_cpu_int8_order(order)
+    previous = _backend.set_cpu_read_order(order)
     try:
         yield order
     finally:
-        _backend.set_cpu_int8_order(previous)
+        _backend.set_cpu_read_order(previous)

@@ -1,4 +1,4 @@
-"""rwkv.ops backend: resolve() modes and warnings, backend_report(), cpu_isa(), cpu_int8_order()
+"""rwkv.ops backend: resolve() modes and warnings, backend_report(), cpu_isa(), cpu_read_order()
 and their hooks."""
 
 import os
@@ -57,7 +57,7 @@ def test_auto_falls_back_with_one_warning(monkeypatch):
 def test_backend_report_summary_line():
     first = ops.backend_report().splitlines()[0]
     if has_compiled("wkv7_forward", "cpu"):
-        assert first.startswith(f"compiled (cpu: {ops.cpu_isa()}, int8 {ops.cpu_int8_order()}")
+        assert first.startswith(f"compiled (cpu: {ops.cpu_isa()}, {ops.cpu_read_order()} reads")
         assert ops.cpu_isa() in _testing.ISAS
     else:
         assert first.startswith("reference only: ")
@@ -95,37 +95,37 @@ def _cpu_vendor() -> str:
 
 
 @pytest.mark.parametrize("order", ("sequential", "pairs"))
-def test_force_cpu_int8_order_restores_previous(order):
+def test_force_cpu_read_order_restores_previous(order):
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
-    before = ops.cpu_int8_order()
-    with _testing.force_cpu_int8_order(order) as active:
-        assert ops.cpu_int8_order() == active == order
-    assert ops.cpu_int8_order() == before
+    before = ops.cpu_read_order()
+    with _testing.force_cpu_read_order(order) as active:
+        assert ops.cpu_read_order() == active == order
+    assert ops.cpu_read_order() == before
 
 
-def test_force_cpu_int8_order_rejects_bad_names():
-    with pytest.raises(ValueError, match="force_cpu_int8_order: order must be one of sequential, pairs"):
-        with _testing.force_cpu_int8_order("rows"):
+def test_force_cpu_read_order_rejects_bad_names():
+    with pytest.raises(ValueError, match="force_cpu_read_order: order must be one of sequential, pairs"):
+        with _testing.force_cpu_read_order("rows"):
             pass
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
-    with pytest.raises(RuntimeError, match="_set_cpu_int8_order: order must be sequential, pairs"):
-        torch.ops.rwkv._set_cpu_int8_order("rows")
+    with pytest.raises(RuntimeError, match="_set_cpu_read_order: order must be sequential, pairs"):
+        torch.ops.rwkv._set_cpu_read_order("rows")
 
 
-def test_env_sets_the_int8_order_and_ignores_invalid_values():
+def test_env_sets_the_read_order_and_ignores_invalid_values():
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
-    code = "import rwkv.ops as o; print(o.cpu_int8_order())"
+    code = "import rwkv.ops as o; print(o.cpu_read_order())"
     for order in ("sequential", "pairs"):
-        assert run_python(code, RWKV_CPU_INT8_ORDER=order).stdout.strip() == order
-    automatic = run_python(code, RWKV_CPU_INT8_ORDER="").stdout.strip()
+        assert run_python(code, RWKV_CPU_READ_ORDER=order).stdout.strip() == order
+    automatic = run_python(code, RWKV_CPU_READ_ORDER="").stdout.strip()
     vendor = _cpu_vendor()
     assert automatic == ("sequential" if vendor == "AuthenticAMD" else "pairs"), vendor
-    out = run_python(code, RWKV_CPU_INT8_ORDER="rows")
+    out = run_python(code, RWKV_CPU_READ_ORDER="rows")
     assert out.stdout.strip() == automatic
-    assert "RWKV_CPU_INT8_ORDER must be sequential or pairs, got 'rows'" in out.stderr
+    assert "RWKV_CPU_READ_ORDER must be sequential or pairs, got 'rows'" in out.stderr
 
 
 def test_import_does_not_load_the_extension():

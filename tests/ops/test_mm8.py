@@ -215,9 +215,9 @@ def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
     args = make_inputs(0, N, M, rng, torch.float32)
     out = {}
     with _testing.force_cpu_isa(cpu_isa):
-        for order in _testing.INT8_ORDERS:
-            with _testing.force_cpu_int8_order(order):
-                assert ops.cpu_int8_order() == order
+        for order in _testing.READ_ORDERS:
+            with _testing.force_cpu_read_order(order):
+                assert ops.cpu_read_order() == order
                 check_i16(fn, N, M, rng)
                 out[order] = fn(*args)
     assert torch.equal(out["sequential"], out["pairs"])
