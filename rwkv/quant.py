@@ -63,4 +63,3 @@ def quantize_int8(w: torch.Tensor, atype: torch.dtype) -> tuple[Int8Weight, tupl
     q = torch.clip(torch.floor(w * 256), min=0, max=255).to(dtype=torch.uint8)
     side = [t.to(dtype=atype).contiguous() for t in (mx, rx / 16, my, ry / 16)]
     return Int8Weight(q, *side), order
-

@@ -50,7 +50,8 @@ class Projection:
     below the int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise.
     fp16 weights on CUDA whose output is wanted in fp32 use ``gemm_fp16`` (fp32 accumulation and
     output: upstream's cuBLAS fix for small-model overflow) when it is compiled. Streamed weights
-    stay in CPU memory and are copied for each call.
+    stay in CPU memory and are copied for each call. A weight stored as row slabs (a 3-D tensor,
+    rwkv/slabs.py) is multiplied slab by slab and the products summed.
     """
 
     def __init__(self, w: dict, key: str, dd: LayerPlacement, mode: str, stream: bool = False):
