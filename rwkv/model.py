@@ -94,10 +94,10 @@ def _place(w: dict, plan, n_layer: int) -> None:
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
     (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
     layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster. The
-    small bf16 low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
-    matrices are, so one-token products can use the matrix-vector kernel (same values; 2-2.5x
-    torch's bf16 speed there; for fp32 torch's small products are as fast, and column-major would
-    slow its prefill GEMMs). Big CPU matrices whose one-token activation would not stay in the L1
+    small low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
+    matrices are, so one-token products can use the matrix-vector kernel (same values; bf16:
+    2-2.5x torch's speed there; fp32 on the 1.5b v6: 11.5 vs 39 ms of products per 5 tokens, while
+    torch's 512-row prefill GEMMs run as fast either way, benchmarks/RESULTS.md). Big CPU matrices whose one-token activation would not stay in the L1
     cache (int8 with more than 4096 rows, bf16/fp32 with more than 2048) are stored as row slabs
     (rwkv/slabs.py: faster decode), a [slabs, rows, out] tensor in ``w``."""
     pin = torch.cuda.is_available()
@@ -109,7 +109,7 @@ def _place(w: dict, plan, n_layer: int) -> None:
             continue
         dd = plan[slot_of(key, n_layer)]
         if dd.device == "cpu":
-            if (key.endswith(LORA_NAMES) and t.dim() == 2 and t.dtype == torch.bfloat16
+            if (key.endswith(LORA_NAMES) and t.dim() == 2 and t.dtype in (torch.bfloat16, torch.float32)
                     and not t.t().is_contiguous()):
                 w[key] = t.t().contiguous().t()
             if key.endswith(".weight"):  # the big matrices, all used through Projection
