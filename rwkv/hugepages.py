@@ -37,7 +37,7 @@ def available() -> bool:
 
 def _dense(t: torch.Tensor) -> bool:
     """Row-major, or a view with its last two dims swapped (how upstream keeps (in, out) weights,
-    and how int8 row slabs are kept, rwkv/quant.py)."""
+    and how row slabs are kept, rwkv/slabs.py)."""
     return t.is_contiguous() or (t.dim() >= 2 and t.transpose(-1, -2).is_contiguous())
 
 

@@ -97,9 +97,10 @@ def _place(w: dict, plan, n_layer: int) -> None:
     small low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
     matrices are, so one-token products can use the matrix-vector kernel (same values; bf16:
     2-2.5x torch's speed there; fp32 on the 1.5b v6: 11.5 vs 39 ms of products per 5 tokens, while
-    torch's 512-row prefill GEMMs run as fast either way, benchmarks/RESULTS.md). Big CPU matrices whose one-token activation would not stay in the L1
-    cache (int8 with more than 4096 rows, bf16/fp32 with more than 2048) are stored as row slabs
-    (rwkv/slabs.py: faster decode), a [slabs, rows, out] tensor in ``w``."""
+    torch's 512-row prefill GEMMs run as fast either way, benchmarks/RESULTS.md). Big CPU matrices
+    whose one-token activation would not stay in the L1 cache (int8 with more than 4096 rows,
+    bf16/fp32 with more than 2048) are stored as row slabs (rwkv/slabs.py: faster decode), a
+    [slabs, rows, out] tensor in ``w``."""
     pin = torch.cuda.is_available()
     on_cpu = []
     for key in list(w):

@@ -1,4 +1,4 @@
-// CPU instruction-set choice and int8 read order (see cpu_features.h) and their test-hook ops
+// CPU instruction-set choice and the one-token kernels' read order (see cpu_features.h) and their test-hook ops
 // rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_read_order and rwkv::_set_cpu_read_order
 // (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
 #include "cpu/cpu_features.h"
@@ -70,7 +70,7 @@ struct Tables {
 
 std::string cpu_isa_op() { return isa_name(active_isa()); }
 
-// ----------------------------------------------------------------------- int8 read order
+// ----------------------------------------------------------------------- one-token read order
 constexpr int kPairs = 0, kSequential = 1;
 std::atomic<int> g_forced_order{kAutomatic};
 

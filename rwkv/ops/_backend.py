@@ -150,9 +150,10 @@ def set_cpu_isa(isa: str) -> str:
 
 
 def cpu_read_order() -> str:
-    """How one-token int8 products read the matrix on CPU: "sequential" (column after column) or
-    "pairs" (column pairs with software prefetch); "none" without compiled CPU kernels. Automatic
-    by CPU vendor; ``RWKV_CPU_READ_ORDER=sequential|pairs`` overrides it."""
+    """How one-token products (``mm8_one_i16``, ``linear_one``) read the matrix on CPU:
+    "sequential" (column after column) or "pairs" (several columns at a time: int8 column pairs with
+    software prefetch, dense groups of 4); "none" without compiled CPU kernels. Automatic by CPU
+    vendor; ``RWKV_CPU_READ_ORDER=sequential|pairs`` overrides it."""
     _load()
     if not has_kernel("_cpu_read_order", "CompositeExplicitAutograd"):
         return "none"
@@ -160,10 +161,10 @@ def cpu_read_order() -> str:
 
 
 def set_cpu_read_order(order: str) -> str:
-    """Forces the int8 read order ("" = automatic); returns the previously forced one."""
+    """Forces the one-token read order ("" = automatic); returns the previously forced one."""
     _load()
     if not has_kernel("_set_cpu_read_order", "CompositeExplicitAutograd"):
-        raise RuntimeError(f"rwkv.ops: cannot force the int8 order: {_load_error or 'no CPU kernels'}")
+        raise RuntimeError(f"rwkv.ops: cannot force the read order: {_load_error or 'no CPU kernels'}")
     return torch.ops.rwkv._set_cpu_read_order(order)
 
 

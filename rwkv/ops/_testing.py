@@ -1,4 +1,4 @@
-"""Test hooks: force the CPU kernels' instruction set or int8 read order inside a ``with`` block."""
+"""Test hooks: force the CPU kernels' instruction set or read order inside a ``with`` block."""
 
 from __future__ import annotations
 
