@@ -139,9 +139,9 @@ def _check_fast_int8(ours, ref, ref_fp32, version, label):
 
 @pytest.mark.parametrize("version", CLASSIC)
 def test_row_slabs_match_upstream(checkpoints, upstream, monkeypatch, version):
-    # CPU int8 matrices stored as row slabs (rwkv/slabs.py; real models split only matrices of more
-    # than 4096 rows, in 2-4 slabs). Strict fp32 comparison with every matrix in slabs of 64 rows;
-    # the default path's bound (test above) as in a real model: only ffn.value split.
+    # CPU matrices stored as row slabs (rwkv/slabs.py). int8 (real models split those of more than
+    # 4096 rows, in 2-4 slabs): strict fp32 comparison with every matrix in slabs of 64 rows; the
+    # default path's bound (test above) as in a real model, only ffn.value split.
     path, s = checkpoints[version], "cpu fp32i8"
     skip = (lambda i: i % 5 == 3) if version == "4" else (lambda i: False)
     for rows in (64, 256):
