@@ -23,6 +23,14 @@ def token_shift(xx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
     return torch.cat((sx.unsqueeze(0), xx[:-1]))
 
 
+def stacked_mixes(mixes: list) -> tuple:
+    """Per-channel mix vectors [C] as one [n, 1, C] tensor, and 1 minus it: one broadcast op then
+    mixes a [T, C] activation n ways ([n, T, C]), where n separate ops cost n times the per-op
+    overhead that dominates one-token decode. The values are those of the separate ops."""
+    mix = torch.stack(mixes).unsqueeze(1)
+    return mix, 1 - mix
+
+
 def concrete_device(device) -> torch.device:
     """``cuda`` (no index) as the CUDA device current now, i.e. where weight placement puts it, so
     later state allocation, state checks and streaming do not follow a changed current device."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import Projection, layer_norm, token_shift
+from .common import Projection, layer_norm, stacked_mixes, token_shift
 
 
 class ChannelMix:
@@ -17,11 +17,9 @@ class ChannelMix:
         self.version = version
         if version == 7:
             self.mix_k = w[p + "ffn.x_k"]
-        elif version == 6:
-            self.mix_k, self.mix_r = w[p + "ffn.time_maa_k"], w[p + "ffn.time_maa_r"]
-        else:
-            self.mix_k, self.mix_r = w[p + "ffn.time_mix_k"], w[p + "ffn.time_mix_r"]
-            self.rmix_k, self.rmix_r = 1 - self.mix_k, 1 - self.mix_r  # once, not per call
+        else:  # (k, r) stacked; 1 - mix is computed once here instead of on every call (same values)
+            prefix = p + ("ffn.time_maa_" if version == 6 else "ffn.time_mix_")
+            self.mix, self.rmix = stacked_mixes([w[prefix + "k"], w[prefix + "r"]])
         self.key = Projection(w, p + "ffn.key.weight", dd, mode, stream)
         self.value = Projection(w, p + "ffn.value.weight", dd, mode, stream)
         if version != 7:
@@ -34,12 +32,9 @@ class ChannelMix:
             kx = xx + (prev - xx) * self.mix_k
             return x + self.value(torch.relu(self.key(kx)) ** 2), xx[-1]
         if self.version == 6:
-            d = prev - xx
-            kx = xx + d * self.mix_k
-            rx = xx + d * self.mix_r
+            kx, rx = (xx + (prev - xx) * self.mix).unbind(0)
         else:
-            kx = xx * self.mix_k + prev * self.rmix_k
-            rx = xx * self.mix_r + prev * self.rmix_r
+            kx, rx = (xx * self.mix + prev * self.rmix).unbind(0)
         r = torch.sigmoid(self.receptance(rx))
         h = torch.relu(self.key(kx)) ** 2
         return x + r * self.value(h), xx[-1]

@@ -5,15 +5,14 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .common import Projection, layer_norm, token_shift
+from .common import Projection, layer_norm, stacked_mixes, token_shift
 
 
 class TimeMixV4:
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = f"blocks.{i}."
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
-        # (mix, 1 - mix) pairs: 1 - mix is computed once here instead of on every call (same values).
-        self.mix_k, self.mix_v, self.mix_r = ((m, 1 - m) for m in (w[p + f"att.time_mix_{c}"] for c in "kvr"))
+        self.mix, self.rmix = stacked_mixes([w[p + f"att.time_mix_{c}"] for c in "kvr"])
         self.decay, self.first = w[p + "att.time_decay"], w[p + "att.time_first"]  # fp32 (A,)
         self.key, self.value, self.receptance, self.output = (
             Projection(w, p + f"att.{n}.weight", dd, mode, stream)
@@ -24,7 +23,7 @@ class TimeMixV4:
         """aa, bb, pp are private copies (updated in place by the kernel)."""
         xx = layer_norm(x, self.ln_w, self.ln_b)
         prev = token_shift(xx, sx)
-        kx, vx, rx = (xx * m + prev * rm for m, rm in (self.mix_k, self.mix_v, self.mix_r))
+        kx, vx, rx = (xx * self.mix + prev * self.rmix).unbind(0)
         r = torch.sigmoid(self.receptance(rx))
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)

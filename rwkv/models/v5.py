@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .common import GROUP_NORM_EPS, Projection, layer_norm, token_shift
+from .common import GROUP_NORM_EPS, Projection, layer_norm, stacked_mixes, token_shift
 
 
 class TimeMixV5:
@@ -32,13 +32,12 @@ class TimeMixV5:
 
     def _load_mixes(self, w, p, dd, mode):
         names = "kvr" + ("g" if self.gated else "")
-        # (mix, 1 - mix) pairs: 1 - mix is computed once here instead of on every call (same values).
-        self.mixes = [(m, 1 - m) for m in (w[p + f"att.time_mix_{c}"] for c in names)]
+        self.mix, self.rmix = stacked_mixes([w[p + f"att.time_mix_{c}"] for c in names])
         self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
 
     def _inputs(self, xx, prev):
         """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay for the kernel."""
-        mixed = [xx * m + prev * rm for m, rm in self.mixes]
+        mixed = (xx * self.mix + prev * self.rmix).unbind(0)
         r = self.receptance(mixed[2], torch.float32)
         k = self.key(mixed[0], torch.float32)
         v = self.value(mixed[1], torch.float32)
@@ -63,7 +62,7 @@ class TimeMixV6(TimeMixV5):
     def _load_mixes(self, w, p, dd, mode):
         a = p + "att."
         self.maa_x = w[a + "time_maa_x"]
-        self.maa = [w[a + f"time_maa_{c}"] for c in "wkvrg"]
+        self.maa = stacked_mixes([w[a + f"time_maa_{c}"] for c in "wkvrg"])[0]
         # (C, 5D) and (5, D, C); the 2-D low-rank factors as Projections (one-token products on CPU
         # use the matrix-vector kernel).
         self.maa_w1, self.maa_w2 = Projection(w, a + "time_maa_w1", dd, mode), w[a + "time_maa_w2"]
@@ -76,7 +75,7 @@ class TimeMixV6(TimeMixV5):
         d = prev - xx
         z = torch.tanh(self.maa_w1(xx + d * self.maa_x)).view(T, 5, -1).transpose(0, 1)
         m = torch.bmm(z, self.maa_w2)  # (5, T, C): w, k, v, r, g
-        wx, kx, vx, rx, gx = (xx + d * (self.maa[n] + m[n]) for n in range(5))
+        wx, kx, vx, rx, gx = (xx + d * (self.maa + m)).unbind(0)
         r = self.receptance(rx, torch.float32)
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .common import GROUP_NORM_EPS, Projection, layer_norm, token_shift
+from .common import GROUP_NORM_EPS, Projection, layer_norm, stacked_mixes, token_shift
 
 # exp(-1/2), written as upstream's literal so decays match it bit for bit.
 DECAY_SCALE = 0.606531
@@ -19,7 +19,7 @@ class TimeMixV7:
         self.layer = i
         self.H, self.N = info.n_head, info.head_size
         self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
-        self.mix = [w[a + f"x_{c}"] for c in "rwkvag"]
+        self.mix = stacked_mixes([w[a + f"x_{c}"] for c in "rwkvag"])[0]
         # Low-rank factors as Projections: one-token products on CPU use the matrix-vector kernel.
         self.w0, self.a0 = w[a + "w0"], w[a + "a0"]
         self.w1, self.w2, self.a1, self.a2, self.g1, self.g2 = (
@@ -39,7 +39,7 @@ class TimeMixV7:
         T, H, N = x.shape[0], self.H, self.N
         xa = layer_norm(x, self.ln_w, self.ln_b)
         d = token_shift(xa, sx) - xa
-        xr, xw, xk, xv, xaa, xg = (xa + d * m for m in self.mix)
+        xr, xw, xk, xv, xaa, xg = (xa + d * self.mix).unbind(0)
         r = self.receptance(xr)
         wl = self.w2(torch.tanh(self.w1(xw)))
         k = self.key(xk)
