@@ -138,6 +138,13 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
   return {seq ? x.size(0) : 1, N, M};
 }
 
+// Whether w [N, M] is column-major (w.t() contiguous), without building the transposed view
+// (these checks run for every one-token product, where each extra tensor costs).
+inline bool column_major(const at::Tensor& w) {
+  return w.numel() == 0 ||
+         ((w.size(0) <= 1 || w.stride(0) == 1) && (w.size(1) <= 1 || w.stride(1) == w.size(0)));
+}
+
 struct LinearDims { int64_t N, M; };
 
 // linear_one: x [N] and w [N, M] both bf16 or both fp32, w column-major (w.t() contiguous).
@@ -151,7 +158,7 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
   const int64_t N = x.size(0), M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
-  TORCH_CHECK(w.t().is_contiguous(), op, ": w must be column-major (w.t() contiguous), got strides ",
+  TORCH_CHECK(column_major(w), op, ": w must be column-major (w.t() contiguous), got strides ",
               w.strides());
   return {N, M};
 }

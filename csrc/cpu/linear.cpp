@@ -18,7 +18,9 @@ namespace {
 
 at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
   const LinearDims d = check_linear_one(x, w);
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  // (Each conversion only when needed: a no-op .to() still costs a dispatch per product.)
+  const at::Tensor x32 =
+      x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({d.M}, x32.options());
   const KernelTable& kt = kernels();
   const bool sequential = read_sequential();
@@ -36,7 +38,7 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
       kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>(), sequential);
     }
   });
-  return y.to(x.scalar_type());
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 #include "common/op_checks.h"
@@ -23,11 +25,6 @@ namespace {
 // (The checks first: these run for every one-token product, where a no-op .to() still costs.)
 at::Tensor fp32(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
-}
-
-// Whether w [N, M] is column-major (w.t() contiguous), without building the transposed view.
-bool column_major(const at::Tensor& w) {
-  return (w.size(0) <= 1 || w.stride(0) == 1) && (w.size(1) <= 1 || w.stride(1) == w.size(0));
 }
 
 // From this many rows on, mm8_seq converts column tiles of q and lets at::mm (BLAS) do the
@@ -76,28 +73,63 @@ void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums
 }
 
 // What mm8_impl and mm8_one_i16 share: fp32 copies of the inputs, w as column-major [N, M],
-// xs = x*ry and the per-row sums (kernels/mm8.h).
+// xs = x*ry and the per-row sums (kernels/mm8.h). xs and sums live in tensors for sequences (the
+// tiled path hands them to at::mm) and in this thread's scratch for one token, where two tensor
+// allocations per call would be a measurable share of a small product's time.
 struct Mm8Prepared {
   int64_t T, N, M;
-  at::Tensor x32, mx32, rx32, q, xs, sums;
+  at::Tensor x32, mx32, rx32, q;
+  at::Tensor xs_t, sums_t;  // defined for sequences only
+  float* xs;                // [T, N]
+  float* sums;              // [T, 3]
+};
+
+// A per-thread buffer that grows on demand, 64-byte aligned so that full-width vector loads never
+// straddle a cache line (as with at::empty's memory).
+class Scratch {
+ public:
+  ~Scratch() { std::free(ptr_); }
+  template <class T>
+  T* get(int64_t n) {
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) / 64 * 64;
+    if (bytes > size_) {
+      void* fresh = std::aligned_alloc(64, bytes);
+      if (fresh == nullptr) throw std::bad_alloc();
+      std::free(ptr_);
+      ptr_ = fresh;
+      size_ = bytes;
+    }
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
 };
 
 Mm8Prepared mm8_prepare(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
                         const at::Tensor& ry) {
   const Mm8Dims d = check_mm8(op, seq, x, w, mx, rx, my, ry);
-  Mm8Prepared p{d.T, d.N, d.M, fp32(x), fp32(mx), fp32(rx), {}, {}, {}};
+  Mm8Prepared p{d.T, d.N, d.M, fp32(x), fp32(mx), fp32(rx), {}, {}, {}, nullptr, nullptr};
   const at::Tensor my32 = fp32(my), ry32 = fp32(ry);
   // Column-major [N, M] (w.t() contiguous) is the fast path; anything else is copied into it.
   p.q = column_major(w) ? w : w.t().contiguous().t();
-  p.xs = at::empty({p.T, p.N}, p.x32.options());
-  p.sums = at::empty({p.T, 3}, p.x32.options());
+  if (seq) {
+    p.xs_t = at::empty({p.T, p.N}, p.x32.options());
+    p.sums_t = at::empty({p.T, 3}, p.x32.options());
+    p.xs = p.xs_t.data_ptr<float>();
+    p.sums = p.sums_t.data_ptr<float>();
+  } else {
+    thread_local Scratch xs_buf, sums_buf;
+    p.xs = xs_buf.get<float>(p.N);
+    p.sums = sums_buf.get<float>(3);
+  }
   const KernelTable& kt = kernels();
   at::parallel_for(0, p.T, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.N)),
                    [&](int64_t t0, int64_t t1) {
                      kt.mm8_prepare(p.N, t0, t1, p.x32.data_ptr<float>(), ry32.data_ptr<float>(),
-                                    my32.data_ptr<float>(), p.xs.data_ptr<float>(),
-                                    p.sums.data_ptr<float>());
+                                    my32.data_ptr<float>(), p.xs, p.sums);
                    });
   return p;
 }
@@ -118,9 +150,8 @@ void for_column_blocks(int64_t T, int64_t N, int64_t M, const F& body) {
 void mm8_loop(const Mm8Prepared& p, at::Tensor& y) {
   const KernelTable& kt = kernels();
   for_column_blocks(p.T, p.N, p.M, [&](int64_t m0, int64_t m1) {
-    kt.mm8(p.T, p.N, p.M, m0, m1, p.xs.data_ptr<float>(), p.q.data_ptr<uint8_t>(),
-           p.sums.data_ptr<float>(), p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(),
-           y.data_ptr<float>());
+    kt.mm8(p.T, p.N, p.M, m0, m1, p.xs, p.q.data_ptr<uint8_t>(), p.sums,
+           p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(), y.data_ptr<float>());
   });
 }
 
@@ -136,7 +167,7 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
                            p.x32.options());
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (seq && p.T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
-    mm8_tiled(p.xs, p.q, p.sums, p.rx32, p.mx32, bf16, y);
+    mm8_tiled(p.xs_t, p.q, p.sums_t, p.rx32, p.mx32, bf16, y);
   } else {
     mm8_loop(p, y);
   }
@@ -153,12 +184,12 @@ at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   const KernelTable& kt = kernels();
   constexpr int64_t kPad = 64;  // Dot16::kStep of every ISA
   const int64_t n_pad = (p.N + kPad - 1) / kPad * kPad;
-  at::Tensor xq = at::empty({n_pad}, p.x32.options().dtype(at::kShort));
-  int16_t* xqp = xq.data_ptr<int16_t>();
-  const float* sums = p.sums.data_ptr<float>();
+  thread_local Scratch xq_buf;
+  int16_t* xqp = xq_buf.get<int16_t>(n_pad);
+  const float* sums = p.sums;
   // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the fp32 path).
   const float scale = std::isfinite(sums[0]) && p.N > 0
-                          ? kt.mm8_quantize_i16(p.N, n_pad, p.xs.data_ptr<float>(), xqp)
+                          ? kt.mm8_quantize_i16(p.N, n_pad, p.xs, xqp)
                           : 0.0f;
   if (scale == 0.0f) {
     mm8_loop(p, y);
