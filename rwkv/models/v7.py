@@ -10,6 +10,12 @@ from .common import GROUP_NORM_EPS, Projection, layer_norm, stacked_mixes, token
 
 # exp(-1/2), written as upstream's literal so decays match it bit for bit.
 DECAY_SCALE = 0.606531
+# The constants as 0-dim CPU tensors: a Python number in a tensor op is first copied into a tensor
+# of the op's dtype (~2.5 us per op, a share of one-token decode); a 0-dim tensor is used as it is.
+# Same values: 1 is exact in every dtype, and the decay product is computed in fp32, where a 0-dim
+# fp32 factor gives the bits the Python number gives.
+_ONE = torch.tensor(1.0)
+_NEG_DECAY_SCALE = torch.tensor(-DECAY_SCALE)
 
 
 class TimeMixV7:
@@ -47,13 +53,13 @@ class TimeMixV7:
         a = torch.sigmoid(self.a0 + self.a2(self.a1(xaa)))
         g = self.g2(torch.sigmoid(self.g1(xg)))
         kk = F.normalize((k * self.k_k).view(T, H, N), dim=-1, p=2.0).view(T, H * N)
-        k = k * (1 + (a - 1) * self.k_a)
+        k = k * (_ONE + (a - _ONE) * self.k_a)
         if self.layer == 0:
             v_first = v
         else:
             v_first = v_first.to(device=v.device, dtype=v.dtype)
             v = v + (v_first - v) * torch.sigmoid(self.v0 + self.v2(self.v1(xv)))
-        decay = torch.exp(-DECAY_SCALE * torch.sigmoid((self.w0 + wl).float()))
+        decay = torch.exp(_NEG_DECAY_SCALE * torch.sigmoid((self.w0 + wl).float()))
         f32 = [t.float().contiguous() for t in (r, k, v, -kk, kk * a)]
         y = self.wkv(S, f32[0], decay.contiguous(), f32[1], f32[2], f32[3], f32[4]).to(x.dtype)
         y = F.group_norm(y, num_groups=H, weight=self.lx_w, bias=self.lx_b, eps=GROUP_NORM_EPS)
