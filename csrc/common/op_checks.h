@@ -106,6 +106,30 @@ inline WkvDims check_wkv7(const at::Tensor& state, const at::Tensor& r, const at
   return d;
 }
 
+// wkv7_block: as wkv7_forward for state, r, w, k, v, a; g too; v_first and v_gate both or
+// neither; p [8, H*N] fp32 contiguous.
+inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
+                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
+                                const c10::optional<at::Tensor>& v_gate, const at::Tensor& p) {
+  const char* op = "wkv7_block";
+  check_same_device(op, {{"state", &state}, {"r", &r}, {"w", &w}, {"k", &k}, {"v", &v},
+                         {"a", &a}, {"g", &g}, {"p", &p}});
+  const WkvDims d = check_state_and_r(op, state, r);
+  check_rows(op, "[T, H*N]", {{"r", &r}, {"w", &w}, {"k", &k}, {"v", &v}, {"a", &a}, {"g", &g}},
+             d.T, d.H * d.N);
+  TORCH_CHECK(v_first.has_value() == v_gate.has_value(), op,
+              ": v_first and v_gate must be given together (layers after the first) or both be "
+              "None, got ", v_first.has_value() ? "v_first only" : "v_gate only");
+  if (v_first.has_value()) {
+    check_same_device(op, {{"state", &state}, {"v_first", &*v_first}, {"v_gate", &*v_gate}});
+    check_rows(op, "[T, H*N]", {{"v_first", &*v_first}, {"v_gate", &*v_gate}}, d.T, d.H * d.N);
+  }
+  check_rows(op, "[8, H*N]", {{"p", &p}}, 8, d.H * d.N);
+  RWKV_CHECK_CONTIGUOUS(op, p);
+  return d;
+}
+
 struct Mm8Dims { int64_t T, N, M; };
 
 // mm8_one (seq = false, x [N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.

@@ -22,6 +22,13 @@ struct KernelTable {
   void (*wkv7)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
                const float* r, const float* w, const float* k, const float* v, const float* a,
                const float* b, float* y);
+  // wkv7_block on heads [h0, h1): wkv7 plus the time mix around it (kernels/wkv7.h); r, w, k,
+  // v, a, g, y and, when v_first is not null, v_first and v_gate [T, H*N]; p [8, H*N] holds
+  // w0, a0, v0, k_k, k_a, r_k, lx_w, lx_b; scratch 6*N floats per head of the range.
+  void (*wkv7_block)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+                     const float* r, const float* w, const float* k, const float* v,
+                     const float* a, const float* g, const float* v_first, const float* v_gate,
+                     const float* p, float eps, float* scratch, float* y);
   // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
   // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.

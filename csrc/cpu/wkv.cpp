@@ -1,5 +1,5 @@
 // ATen glue for the WKV recurrences on CPU (wkv4_forward, wkv5_forward, wkv6_forward,
-// wkv7_forward): the shared input checks (common/op_checks.h), at::parallel_for over independent
+// wkv7_forward, wkv7_block): the shared input checks (common/op_checks.h), at::parallel_for over independent
 // channels or heads, then the kernel row of the active instruction set (cpu_features.h).
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
@@ -82,6 +82,30 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   return y;
 }
 
+at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
+                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                      const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
+                      const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps) {
+  const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p);
+  const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
+                   vc = v.contiguous(), ac = a.contiguous(), gc = g.contiguous();
+  at::Tensor vf, vg;
+  if (v_first.has_value()) {
+    vf = v_first->contiguous();
+    vg = v_gate->contiguous();
+  }
+  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
+  at::Tensor scratch = at::empty({d.H, 6 * d.N}, r.options());
+  const KernelTable& kt = kernels();
+  at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
+    kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(wc), in(kc), in(vc),
+                  in(ac), in(gc), vf.defined() ? in(vf) : nullptr,
+                  vf.defined() ? in(vg) : nullptr, in(p), static_cast<float>(eps),
+                  scratch.data_ptr<float>() + h0 * 6 * d.N, y.data_ptr<float>());
+  });
+  return y;
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace rwkv
@@ -91,4 +115,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("wkv5_forward", &rwkv::cpu::wkv5_forward);
   m.impl("wkv6_forward", &rwkv::cpu::wkv6_forward);
   m.impl("wkv7_forward", &rwkv::cpu::wkv7_forward);
+  m.impl("wkv7_block", &rwkv::cpu::wkv7_block);
 }

@@ -14,7 +14,7 @@ from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
 __all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
-           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7"]
+           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
 
@@ -41,6 +41,14 @@ def wkv7(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b
          *, mode: str = "auto") -> Tensor:
     """RWKV-7: state [H, N, N] fp32 (value, key) in place; r, w, k, v, a, b [T, H*N] fp32."""
     return resolve("wkv7_forward", r.device.type, mode)(state, r, w, k, v, a, b)
+
+
+def wkv7_block(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, g: Tensor,
+               v_first: Tensor | None, v_gate: Tensor | None, p: Tensor, eps: float,
+               *, mode: str = "auto") -> Tensor:
+    """One RWKV-7 time mix around wkv7 (fp32; docs/kernels.md): state in place; r, w, k, v, a, g,
+    v_first, v_gate [T, H*N]; p [8, H*N]. Returns the input of the output projection."""
+    return resolve("wkv7_block", r.device.type, mode)(state, r, w, k, v, a, g, v_first, v_gate, p, eps)
 
 
 def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,

@@ -122,6 +122,27 @@ def validate_wkv7(state, r, w, k, v, a, b) -> tuple:
     return T, H, N
 
 
+def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
+    """Checks wkv7_block's arguments; returns (T, H, N)."""
+    op = "wkv7_block"
+    names = ("state", "r", "w", "k", "v", "a", "g", "p")
+    check_same_device(op, names, (state, r, w, k, v, a, g, p))
+    H, N = _check_state_hnn(op, state)
+    check_dtype(op, "r", r, torch.float32)
+    check_dim(op, "r", r, "[T, H*N]", 2)
+    T = int(r.shape[0])
+    _check_rows(op, ("r", "w", "k", "v", "a", "g"), (r, w, k, v, a, g), T, H * N)
+    torch._check((v_first is None) == (v_gate is None),
+                 lambda: f"{op}: v_first and v_gate must be given together (layers after the first) "
+                         f"or both be None, got {'v_first' if v_gate is None else 'v_gate'} only")
+    if v_first is not None:
+        check_same_device(op, ("state", "v_first", "v_gate"), (state, v_first, v_gate))
+        _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N)
+    _check_rows(op, ("p",), (p,), 8, H * N, "[8, H*N]")
+    check_contiguous(op, "p", p)
+    return T, H, N
+
+
 def validate_mm8(op: str, x, w, mx, rx, my, ry, x_pattern: str, x_ndim: int) -> tuple:
     """Checks mm8_one/mm8_seq arguments; returns (N, M)."""
     check_same_device(op, ("x", "w", "mx", "rx", "my", "ry"), (x, w, mx, rx, my, ry))

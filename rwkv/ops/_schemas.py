@@ -66,6 +66,22 @@ def _wkv7_fake(state, r, w, k, v, a, b):
     return r.new_empty((T, H * N))
 
 
+# One RWKV-7 layer's time mix around wkv7_forward (docs/kernels.md): state as wkv7_forward, in
+# place; r, k, v, g and the low-rank outputs w (decay), a (in-context rate), v_gate: [T, H*N]
+# fp32; v_first and v_gate both given (layers after the first) or both None; p: [8, H*N] fp32,
+# the rows w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias. Returns the time mix's output
+# before the output projection, y: [T, H*N] fp32.
+_define("wkv7_block",
+        "(Tensor(a!) state, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor g, "
+        "Tensor? v_first, Tensor? v_gate, Tensor p, float eps) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv7_block")
+def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
+    T, H, N = _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
+    return r.new_empty((T, H * N))
+
+
 # x: [N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
 # mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] in x's dtype.
 _define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
@@ -130,5 +146,5 @@ _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
-OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "mm8_one", "mm8_seq",
-       "mm8_one_i16", "gemm_fp16", "linear_one")
+OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv7_block", "mm8_one",
+       "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")

@@ -9,8 +9,18 @@ mutation), so tests can evaluate the spec in float64.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import _checks
+
+# RWKV-7's decay scale exp(-1/2), written as upstream's literal so decays match it bit for bit.
+DECAY_SCALE = 0.606531
+# The constants as 0-dim CPU tensors: a Python number in a tensor op is first copied into a tensor
+# of the op's dtype (~2.5 us per op, a share of one-token decode); a 0-dim tensor is used as it is.
+# Same values: 1 is exact in every dtype, and the decay product is computed in fp32 or wider, where
+# a 0-dim fp32 factor gives the bits the Python number gives.
+_ONE = torch.tensor(1.0)
+_NEG_DECAY_SCALE = torch.tensor(-DECAY_SCALE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,6 +79,36 @@ def wkv7_math(state, r, w, k, v, a, b):
     return y.reshape(T, H * N), S
 
 
+def wkv7_block_math(wkv, state, r, w, k, v, a, g, v_first, v_gate, params, eps):
+    """One RWKV-7 layer's time mix around the recurrence, as upstream computes it: every step in
+    the inputs' dtype (the model's activation dtype) except the recurrence, which gets fp32 (or
+    wider) inputs. r, w, k, v, a, g, v_first, v_gate: [T, H*N] (v_first and v_gate both None in
+    the first layer); params: the 8 rows of wkv7_block's p. ``wkv(state, r, w, k, v, a, b)`` runs
+    the recurrence and updates ``state`` (the only tensor changed). Returns y [T, H*N]."""
+    T, H, N = r.shape[0], state.shape[0], state.shape[1]
+    w0, a0, v0, k_k, k_a, r_k, lx_w, lx_b = params
+    a = torch.sigmoid(a0 + a)
+    kk = F.normalize((k * k_k).view(T, H, N), dim=-1, p=2.0).view(T, H * N)
+    k = k * (_ONE + (a - _ONE) * k_a)
+    if v_first is not None:
+        v = v + (v_first - v) * torch.sigmoid(v0 + v_gate)
+    f = torch.promote_types(r.dtype, torch.float32)
+    decay = torch.exp(_NEG_DECAY_SCALE * torch.sigmoid((w0 + w).to(f)))
+    f32 = [t.to(f).contiguous() for t in (r, k, v, -kk, kk * a)]
+    y = wkv(state, f32[0], decay.contiguous(), f32[1], f32[2], f32[3], f32[4]).to(r.dtype)
+    y = F.group_norm(y, num_groups=H, weight=lx_w, bias=lx_b, eps=eps)
+    bonus = (r * k * r_k).view(T, H, N).sum(dim=-1, keepdim=True) * v.view(T, H, N)
+    return (y + bonus.view(T, H * N)) * g
+
+
+def wkv7_inplace_math(state, r, w, k, v, a, b):
+    """wkv7_math writing the new state into ``state`` (any dtype, no checks): the ``wkv`` of
+    wkv7_block_math for float64 specs."""
+    y, S = wkv7_math(state, r, w, k, v, a, b)
+    state.copy_(S)
+    return y
+
+
 def mm8_math(x, w, mx, rx, my, ry):
     """x: [..., N]; w: [N, M] uint8; mx, rx: [M]; my, ry: [N, 1]. In x's dtype, dequantizing w."""
     return x @ ((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
@@ -113,6 +153,14 @@ def wkv7_forward(state, r, w, k, v, a, b):
     y, S = wkv7_math(state, r, w, k, v, a, b)
     state.copy_(S)
     return y
+
+
+def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
+    """RWKV-7 time mix around the recurrence (wkv7_block_math with wkv7_forward). state [H, N, N]
+    fp32 in place; r, w, k, v, a, g and v_first, v_gate (both or neither) [T, H*N] fp32; p
+    [8, H*N] fp32 (w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias). Returns y [T, H*N] fp32."""
+    _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
+    return wkv7_block_math(wkv7_forward, state, r, w, k, v, a, g, v_first, v_gate, p.unbind(0), eps)
 
 
 def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):

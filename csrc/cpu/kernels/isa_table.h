@@ -24,6 +24,7 @@ void fill_kernel_table(KernelTable* table) {
   table->wkv4 = &wkv4<V>;
   table->wkv56 = &wkv56<V>;
   table->wkv7 = &wkv7<V>;
+  table->wkv7_block = &wkv7_block<V>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
   table->mm8_quantize_i16 = &mm8_quantize_i16<V>;

@@ -6,6 +6,8 @@
 // each row is read twice per token (dot with a, then update + dot with r) while it is in L1.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu/kernels/vec_scalar.h"
@@ -68,6 +70,87 @@ void wkv7(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
         const float sa = wkv7_dot<V>(a + o, row, N);
         y[o + i] = wkv7_row<V>(N, row, w + o, b + o, k + o, r + o, sa, v[o + i]);
       }
+    }
+  }
+}
+
+// wkv7_block (one layer's time mix around the recurrence, per head and token; all fp32 [T, H*N]
+// rows, the 8 parameter rows of p as listed in kernel_table.h):
+//   a' = sigmoid(a0 + a)      kk = k*k_k / max(|k*k_k|_head, 1e-12)      k' = k*(1 + (a' - 1)*k_a)
+//   v' = v + (v_first - v)*sigmoid(v0 + v_gate)   (v' = v without v_first)
+//   w' = exp(-0.606531*sigmoid(w0 + w))           recurrence as wkv7 with (w', k', v', -kk, kk*a')
+//   y = (group_norm_head(y_wkv; lx_w, lx_b, eps) + sum_head(r*k'*r_k)*v') * g
+// scratch holds 6*N floats for each head in [h0, h1).
+template <class V>
+inline void wkv7_sigmoid_sum(int64_t n, const float* x0, const float* x, float scale, float* out) {
+  // out = scale * sigmoid(x0 + x) (scale 1 or the decay's -0.606531), then exp if scale != 1.
+  using R = typename V::reg;
+  using S = typename V::Tail;
+  constexpr int W = V::width;
+  int64_t j = 0;
+  const R one = V::set1(1.0f), zero = V::zero(), sc = V::set1(scale);
+  for (; j + W <= n; j += W) {
+    const R z = V::add(V::load(x0 + j), V::load(x + j));
+    R s = V::div(one, V::add(one, V::exp(V::sub(zero, z))));
+    if (scale != 1.0f) s = V::exp(V::mul(sc, s));
+    V::store(out + j, s);
+  }
+  for (; j < n; ++j) {
+    float s = 1.0f / (1.0f + S::exp(-(x0[j] + x[j])));
+    if (scale != 1.0f) s = S::exp(scale * s);
+    out[j] = s;
+  }
+}
+
+template <class V>
+void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+                const float* r, const float* w, const float* k, const float* v, const float* a,
+                const float* g, const float* v_first, const float* v_gate, const float* p,
+                float eps, float* scratch, float* y) {
+  const int64_t HN = H * N;
+  const float *w0 = p, *a0 = p + HN, *v0 = p + 2 * HN, *k_k = p + 3 * HN, *k_a = p + 4 * HN,
+              *r_k = p + 5 * HN, *lx_w = p + 6 * HN, *lx_b = p + 7 * HN;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* S = state + h * N * N;
+    float* dec = scratch + (h - h0) * 6 * N;
+    float *as = dec + N, *k2 = dec + 2 * N, *v2 = dec + 3 * N, *nk = dec + 4 * N, *b = dec + 5 * N;
+    const int64_t c = h * N;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t o = t * HN + c;
+      wkv7_sigmoid_sum<V>(N, w0 + c, w + o, -0.606531f, dec);
+      wkv7_sigmoid_sum<V>(N, a0 + c, a + o, 1.0f, as);
+      if (v_first != nullptr) wkv7_sigmoid_sum<V>(N, v0 + c, v_gate + o, 1.0f, v2);
+      float ss = 0.0f;
+      for (int64_t j = 0; j < N; ++j) {
+        const float kk = k[o + j] * k_k[c + j];
+        ss += kk * kk;
+        nk[j] = kk;
+        k2[j] = k[o + j] * (1.0f + (as[j] - 1.0f) * k_a[c + j]);
+        v2[j] = v_first != nullptr ? v[o + j] + (v_first[o + j] - v[o + j]) * v2[j] : v[o + j];
+      }
+      const float inv = 1.0f / std::max(std::sqrt(ss), 1e-12f);
+      float bonus = 0.0f;
+      for (int64_t j = 0; j < N; ++j) {
+        nk[j] *= inv;
+        b[j] = nk[j] * as[j];
+        nk[j] = -nk[j];
+        bonus += r[o + j] * k2[j] * r_k[c + j];
+      }
+      float mean = 0.0f;
+      for (int64_t i = 0; i < N; ++i) {
+        float* row = S + i * N;
+        const float sa = wkv7_dot<V>(nk, row, N);
+        const float yi = wkv7_row<V>(N, row, dec, b, k2, r + o, sa, v2[i]);
+        y[o + i] = yi;
+        mean += yi;
+      }
+      mean /= static_cast<float>(N);
+      float var = 0.0f;
+      for (int64_t i = 0; i < N; ++i) var += (y[o + i] - mean) * (y[o + i] - mean);
+      const float rstd = 1.0f / std::sqrt(var / static_cast<float>(N) + eps);
+      for (int64_t i = 0; i < N; ++i)
+        y[o + i] = (((y[o + i] - mean) * rstd) * lx_w[c + i] + lx_b[c + i] + bonus * v2[i]) *
+                   g[o + i];
     }
   }
 }

@@ -1,0 +1,107 @@
+"""wkv7_block: compiled kernel and reference vs the float64 spec, every CPU ISA, opcheck, errors."""
+
+import pytest
+import torch
+from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, f64, implementation, uniform
+
+from rwkv.models.common import GROUP_NORM_EPS
+from rwkv.ops import _testing, reference as ref
+
+OP = "wkv7_block"
+# Ranges like a trained model's: (lo, hi) per p row (w0, a0, v0, k_k, k_a, r_k, ln_x w, ln_x b).
+PARAM_RANGES = ((-3, 1), (-1, 1), (-1, 1), (0.5, 1.5), (0, 1), (-1, 1), (0.5, 1.5), (-0.5, 0.5))
+
+
+def make_inputs(T, H, N, rng, first_layer=False):
+    C = H * N
+    state = uniform((H, N, N), rng)
+    r, w, k, v, a, g = (uniform((T, C), rng, -2, 2) for _ in range(6))
+    v_first, v_gate = (None, None) if first_layer else (uniform((T, C), rng), uniform((T, C), rng, -2, 2))
+    p = torch.stack([uniform((C,), rng, lo, hi) for lo, hi in PARAM_RANGES])
+    return state, r, w, k, v, a, g, v_first, v_gate, p
+
+
+def spec64(state, r, w, k, v, a, g, v_first, v_gate, p):
+    """The float64 spec: (y, new state); the inputs are not changed."""
+    S = state.double()
+    opt = [None if t is None else t.double() for t in (v_first, v_gate)]
+    y = ref.wkv7_block_math(ref.wkv7_inplace_math, S, *f64(r, w, k, v, a, g), *opt,
+                            p.double().unbind(0), GROUP_NORM_EPS)
+    return y, S
+
+
+def check(fn, T, H, N, rng, first_layer=False):
+    state, *rest = make_inputs(T, H, N, rng, first_layer)
+    y64, s64 = spec64(state, *rest)
+    y = fn(state, *rest, GROUP_NORM_EPS)
+    assert y.shape == (T, H * N) and y.dtype == torch.float32
+    # The group norm divides by a head's spread of values, which costs a few fp32 ulps.
+    assert_close_f32(y, y64, rtol=1e-4, atol=1e-4)
+    assert_close_f32(state, s64)  # updated in place
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("first_layer", [False, True])
+@pytest.mark.parametrize("T,H,N", [(1, 3, 2), (1, 2, 64), (6, 3, 20), (4, 2, 33)])
+def test_wkv7_block_matches_spec(impl, first_layer, T, H, N, rng):
+    check(implementation(OP, impl, "cpu"), T, H, N, rng, first_layer)
+
+
+@pytest.mark.parametrize("first_layer", [False, True])
+@pytest.mark.parametrize("T,H,N", [(1, 4, 64), (3, 3, 7), (2, 2, 40)])
+def test_wkv7_block_isa(cpu_isa, first_layer, T, H, N, rng):
+    fn = compiled_or_skip(OP)
+    with _testing.force_cpu_isa(cpu_isa):
+        check(fn, T, H, N, rng, first_layer)
+
+
+def test_wkv7_block_sequence_equals_token_by_token(rng):
+    fn = compiled_or_skip(OP)
+    state, *rows, p = make_inputs(5, 2, 16, rng)
+    s_seq, s_one = state.clone(), state.clone()
+    y_seq = fn(s_seq, *rows, p, GROUP_NORM_EPS)
+    y_one = torch.cat([fn(s_one, *(t[i:i + 1] for t in rows), p, GROUP_NORM_EPS) for i in range(5)])
+    torch.testing.assert_close(y_seq, y_one, rtol=0, atol=0)
+    torch.testing.assert_close(s_seq, s_one, rtol=0, atol=0)
+
+
+def test_wkv7_block_opcheck(rng):
+    compiled_or_skip(OP)
+    torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (*make_inputs(3, 2, 8, rng), GROUP_NORM_EPS))
+
+
+REJECT_CASES = {
+    "state_dtype": "wkv7_block: state must be float32, got float16",
+    "g_shape": r"wkv7_block: g must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
+    "v_first_alone": "wkv7_block: v_first and v_gate must be given together .* got v_first only",
+    "v_gate_dtype": "wkv7_block: v_gate must be float32, got float64",
+    "p_shape": r"wkv7_block: p must have shape \[8, H\*N\] = \[8, 16\], got \[7, 16\]",
+    "p_strided": r"wkv7_block: p must be contiguous, got strides \[1, 8\]",
+    "device": r"wkv7_block: k must be on the same device as state \(cpu\), got meta",
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(REJECT_CASES))
+def test_wkv7_block_rejects(impl, case, rng):
+    fn = implementation(OP, impl, "cpu")
+    state, r, w, k, v, a, g, v_first, v_gate, p = make_inputs(3, 2, 8, rng)
+    before = state.clone()
+    if case == "state_dtype":
+        state = state.half()
+    elif case == "g_shape":
+        g = g[:2]
+    elif case == "v_first_alone":
+        v_gate = None
+    elif case == "v_gate_dtype":
+        v_gate = v_gate.double()
+    elif case == "p_shape":
+        p = p[:7]
+    elif case == "p_strided":
+        p = p.t().contiguous().t()
+    elif case == "device":
+        k = k.to("meta")
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+        fn(state, r, w, k, v, a, g, v_first, v_gate, p, GROUP_NORM_EPS)
+    if case != "state_dtype":
+        assert torch.equal(state, before)  # rejected before anything is written
