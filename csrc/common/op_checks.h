@@ -106,6 +106,22 @@ inline WkvDims check_wkv7(const at::Tensor& state, const at::Tensor& r, const at
   return d;
 }
 
+// wkv6_block: state, r, k, v, w (the decay's low-rank term), g as wkv6_forward's rows; p
+// [4, H*N] fp32 contiguous.
+inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
+                                const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
+                                const at::Tensor& p) {
+  const char* op = "wkv6_block";
+  check_same_device(op, {{"state", &state}, {"r", &r}, {"k", &k}, {"v", &v}, {"w", &w},
+                         {"g", &g}, {"p", &p}});
+  const WkvDims d = check_state_and_r(op, state, r);
+  check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}, {"w", &w}, {"g", &g}}, d.T,
+             d.H * d.N);
+  check_rows(op, "[4, H*N]", {{"p", &p}}, 4, d.H * d.N);
+  RWKV_CHECK_CONTIGUOUS(op, p);
+  return d;
+}
+
 // wkv7_block: as wkv7_forward for state, r, w, k, v, a; g too; v_first and v_gate both or
 // neither; p [8, H*N] fp32 contiguous.
 inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& w,

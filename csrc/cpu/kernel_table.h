@@ -18,6 +18,12 @@ struct KernelTable {
   void (*wkv56)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
                 const float* r, const float* k, const float* v, const float* w, int64_t w_step,
                 const float* u, float* y);
+  // wkv6_block on heads [h0, h1): wkv6 plus the time mix around it (kernels/wkv56.h); r, k, v,
+  // w (the decay's low-rank term), g, y [T, H*N]; p [4, H*N] holds the decay base, u, lx_w,
+  // lx_b; scratch N floats per head of the range.
+  void (*wkv6_block)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+                     const float* r, const float* k, const float* v, const float* w,
+                     const float* g, const float* p, float eps, float* scratch, float* y);
   // wkv7_forward on heads [h0, h1): state [H, N, N] (value, key); r, w, k, v, a, b, y [T, H*N].
   void (*wkv7)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
                const float* r, const float* w, const float* k, const float* v, const float* a,

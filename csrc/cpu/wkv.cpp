@@ -1,5 +1,5 @@
 // ATen glue for the WKV recurrences on CPU (wkv4_forward, wkv5_forward, wkv6_forward,
-// wkv7_forward, wkv7_block): the shared input checks (common/op_checks.h), at::parallel_for over independent
+// wkv7_forward, wkv6_block, wkv7_block): the shared input checks (common/op_checks.h), at::parallel_for over independent
 // channels or heads, then the kernel row of the active instruction set (cpu_features.h).
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
@@ -82,6 +82,23 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   return y;
 }
 
+at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
+                      const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
+                      const at::Tensor& p, double eps) {
+  const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p);
+  const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
+                   wc = w.contiguous(), gc = g.contiguous();
+  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
+  at::Tensor scratch = at::empty({d.H, d.N}, r.options());
+  const KernelTable& kt = kernels();
+  at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
+    kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(kc), in(vc), in(wc),
+                  in(gc), in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
+                  y.data_ptr<float>());
+  });
+  return y;
+}
+
 at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
                       const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                       const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
@@ -115,5 +132,6 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("wkv5_forward", &rwkv::cpu::wkv5_forward);
   m.impl("wkv6_forward", &rwkv::cpu::wkv6_forward);
   m.impl("wkv7_forward", &rwkv::cpu::wkv7_forward);
+  m.impl("wkv6_block", &rwkv::cpu::wkv6_block);
   m.impl("wkv7_block", &rwkv::cpu::wkv7_block);
 }

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .common import GROUP_NORM_EPS, Projection, layer_norm, stacked_mixes, token_shift
+from ..ops.reference import wkv6_block_math
+from .common import GROUP_NORM_EPS, Projection, _compiled, layer_norm, stacked_mixes, token_shift
 
 
 class TimeMixV5:
@@ -36,7 +37,7 @@ class TimeMixV5:
         self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
 
     def _inputs(self, xx, prev):
-        """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay for the kernel."""
+        """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay input of _block."""
         mixed = (xx * self.mix + prev * self.rmix).unbind(0)
         r = self.receptance(mixed[2], torch.float32)
         k = self.key(mixed[0], torch.float32)
@@ -47,16 +48,23 @@ class TimeMixV5:
     def __call__(self, x, sx, S):
         """S is a private copy (updated in place by the kernel)."""
         xx = layer_norm(x, self.ln_w, self.ln_b)
-        r, k, v, g, decay = self._inputs(xx, token_shift(xx, sx))
+        r, k, v, g, w = self._inputs(xx, token_shift(xx, sx))
+        return x + self.output(self._block(S, r, k, v, g, w, x.dtype)), xx[-1]
+
+    def _block(self, S, r, k, v, g, decay, dtype):
+        """The recurrence, the group norm and the gate: the input of the output projection."""
         y = self.wkv(S, r.contiguous(), k.contiguous(), v.contiguous(), decay, self.first)
         y = F.group_norm(y, num_groups=self.H, weight=self.lx_w, bias=self.lx_b, eps=GROUP_NORM_EPS)
-        y = y.to(dtype=x.dtype)
-        if g is not None:
-            y = y * g
-        return x + self.output(y), xx[-1]
+        y = y.to(dtype=dtype)
+        return y if g is None else y * g
 
 
 class TimeMixV6(TimeMixV5):
+    """What lies between the projections and the output projection (decay, recurrence, group norm,
+    gate) is ``wkv6_block``: the compiled CPU op when the activations are fp32 (one call instead
+    of ~10 small torch ops per layer), otherwise the same math as torch ops (wkv6_block_math,
+    upstream's order of operations, with this layer's wkv6 op)."""
+
     op_name = "wkv6_forward"
 
     def _load_mixes(self, w, p, dd, mode):
@@ -69,6 +77,13 @@ class TimeMixV6(TimeMixV5):
         self.decay_w1, self.decay_w2 = (Projection(w, a + n, dd, mode)
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
+        self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
+        dev_type = torch.device(dd.device).type
+        self.block = None
+        if (dev_type == "cpu" and mode != "reference" and dd.atype == torch.float32
+                and _compiled("wkv6_block", "CPU")):
+            self.block = ops.resolve("wkv6_block", dev_type, mode)
+            self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
     def _inputs(self, xx, prev):
         T = xx.shape[0]
@@ -80,5 +95,9 @@ class TimeMixV6(TimeMixV5):
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)
         g = F.silu(self.gate(gx))
-        wlog = self.decay_base + self.decay_w2(torch.tanh(self.decay_w1(wx))).float()
-        return r, k, v, g, torch.exp(-torch.exp(wlog)).contiguous()
+        return r, k, v, g, self.decay_w2(torch.tanh(self.decay_w1(wx))).float()
+
+    def _block(self, S, r, k, v, g, w, dtype):
+        if self.block is not None:
+            return self.block(S, r, k, v, w, g, self.block_params, GROUP_NORM_EPS)
+        return wkv6_block_math(self.wkv, S, r, k, v, w, g, self.params, GROUP_NORM_EPS)

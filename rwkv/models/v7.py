@@ -39,7 +39,7 @@ class TimeMixV7:
         dev_type = torch.device(dd.device).type
         self.wkv = ops.resolve("wkv7_forward", dev_type, mode)
         self.block = None
-        if (dev_type == "cpu" and mode != "reference" and self.params.dtype == torch.float32
+        if (dev_type == "cpu" and mode != "reference" and dd.atype == torch.float32
                 and _compiled("wkv7_block", "CPU")):
             self.block = ops.resolve("wkv7_block", dev_type, mode)
 

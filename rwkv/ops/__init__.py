@@ -14,7 +14,7 @@ from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
 __all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
-           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv7", "wkv7_block"]
+           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
 
@@ -41,6 +41,13 @@ def wkv7(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b
          *, mode: str = "auto") -> Tensor:
     """RWKV-7: state [H, N, N] fp32 (value, key) in place; r, w, k, v, a, b [T, H*N] fp32."""
     return resolve("wkv7_forward", r.device.type, mode)(state, r, w, k, v, a, b)
+
+
+def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,
+               eps: float, *, mode: str = "auto") -> Tensor:
+    """One RWKV-6 time mix around wkv6 (fp32; docs/kernels.md): state in place; r, k, v, w, g
+    [T, H*N]; p [4, H*N]. Returns the input of the output projection."""
+    return resolve("wkv6_block", r.device.type, mode)(state, r, k, v, w, g, p, eps)
 
 
 def wkv7_block(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, g: Tensor,

@@ -122,6 +122,21 @@ def validate_wkv7(state, r, w, k, v, a, b) -> tuple:
     return T, H, N
 
 
+def validate_wkv6_block(state, r, k, v, w, g, p) -> tuple:
+    """Checks wkv6_block's arguments; returns (T, H, N)."""
+    op = "wkv6_block"
+    names = ("state", "r", "k", "v", "w", "g", "p")
+    check_same_device(op, names, (state, r, k, v, w, g, p))
+    H, N = _check_state_hnn(op, state)
+    check_dtype(op, "r", r, torch.float32)
+    check_dim(op, "r", r, "[T, H*N]", 2)
+    T = int(r.shape[0])
+    _check_rows(op, names[1:6], (r, k, v, w, g), T, H * N)
+    _check_rows(op, ("p",), (p,), 4, H * N, "[4, H*N]")
+    check_contiguous(op, "p", p)
+    return T, H, N
+
+
 def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
     """Checks wkv7_block's arguments; returns (T, H, N)."""
     op = "wkv7_block"

@@ -66,6 +66,20 @@ def _wkv7_fake(state, r, w, k, v, a, b):
     return r.new_empty((T, H * N))
 
 
+# One RWKV-6 layer's time mix around wkv6_forward (docs/kernels.md): state as wkv6_forward, in
+# place; r, k, v, g (the gate after silu) and w (the decay's low-rank term): [T, H*N] fp32; p:
+# [4, H*N] fp32, the rows time_decay, time_first, ln_x weight, ln_x bias. Returns the time mix's
+# output before the output projection, y: [T, H*N] fp32.
+_define("wkv6_block",
+        "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor g, Tensor p, float eps) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv6_block")
+def _wkv6_block_fake(state, r, k, v, w, g, p, eps):
+    T, H, N = _checks.validate_wkv6_block(state, r, k, v, w, g, p)
+    return r.new_empty((T, H * N))
+
+
 # One RWKV-7 layer's time mix around wkv7_forward (docs/kernels.md): state as wkv7_forward, in
 # place; r, k, v, g and the low-rank outputs w (decay), a (in-context rate), v_gate: [T, H*N]
 # fp32; v_first and v_gate both given (layers after the first) or both None; p: [8, H*N] fp32,
@@ -146,5 +160,5 @@ _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
-OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv7_block", "mm8_one",
-       "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")
+OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
+       "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")

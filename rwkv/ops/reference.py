@@ -79,6 +79,28 @@ def wkv7_math(state, r, w, k, v, a, b):
     return y.reshape(T, H * N), S
 
 
+def wkv6_block_math(wkv, state, r, k, v, w, g, params, eps):
+    """One RWKV-6 layer's time mix around the recurrence, as upstream computes it: r, k, v, w
+    (the decay's low-rank term) [T, H*N] in fp32 (or wider); g (the gate after silu) [T, H*N] in
+    the activation dtype; params: time_decay [H*N], time_first [H, N] or [H*N], ln_x weight and
+    bias in the activation dtype. ``wkv(state, r, k, v, decay, u)`` runs the recurrence and
+    updates ``state``. Returns y [T, H*N] in g's dtype."""
+    base, u, lx_w, lx_b = params
+    H, N = state.shape[0], state.shape[1]
+    decay = torch.exp(-torch.exp(base + w)).contiguous()
+    y = wkv(state, r.contiguous(), k.contiguous(), v.contiguous(), decay, u.reshape(H, N))
+    y = F.group_norm(y, num_groups=H, weight=lx_w, bias=lx_b, eps=eps).to(dtype=g.dtype)
+    return y * g
+
+
+def wkv6_inplace_math(state, r, k, v, w, u):
+    """wkv56_math writing the new state into ``state`` (any dtype, no checks): the ``wkv`` of
+    wkv6_block_math for float64 specs."""
+    y, S = wkv56_math(state, r, k, v, w, u)
+    state.copy_(S)
+    return y
+
+
 def wkv7_block_math(wkv, state, r, w, k, v, a, g, v_first, v_gate, params, eps):
     """One RWKV-7 layer's time mix around the recurrence, as upstream computes it: every step in
     the inputs' dtype (the model's activation dtype) except the recurrence, which gets fp32 (or
@@ -153,6 +175,14 @@ def wkv7_forward(state, r, w, k, v, a, b):
     y, S = wkv7_math(state, r, w, k, v, a, b)
     state.copy_(S)
     return y
+
+
+def wkv6_block(state, r, k, v, w, g, p, eps):
+    """RWKV-6 time mix around the recurrence (wkv6_block_math with wkv6_forward). state [H, N, N]
+    fp32 in place; r, k, v, w, g [T, H*N] fp32; p [4, H*N] fp32 (time_decay, time_first, ln_x
+    weight, ln_x bias). Returns y [T, H*N] fp32."""
+    _checks.validate_wkv6_block(state, r, k, v, w, g, p)
+    return wkv6_block_math(wkv6_forward, state, r, k, v, w, g, p.unbind(0), eps)
 
 
 def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps):

@@ -51,3 +51,14 @@ def assert_low_precision_ok(actual, expected64, low_precision_ref):
     err_low = (low_precision_ref.double() - expected64).abs().max().item()
     ulp = torch.finfo(actual.dtype).eps * max(1.0, expected64.abs().max().item())
     assert err <= 2 * err_low + ulp, (err, err_low)
+
+
+def assert_block_sequence_equals_steps(fn, state, rows, p, eps):
+    """A block op (wkv6_block, wkv7_block) over T tokens in one call gives the bits of T one-token
+    calls, output and state. rows: its [T, H*N] arguments in order, then p and eps."""
+    T = rows[0].shape[0]
+    s_seq, s_one = state.clone(), state.clone()
+    y_seq = fn(s_seq, *rows, p, eps)
+    y_one = torch.cat([fn(s_one, *(t[i:i + 1] for t in rows), p, eps) for i in range(T)])
+    torch.testing.assert_close(y_seq, y_one, rtol=0, atol=0)
+    torch.testing.assert_close(s_seq, s_one, rtol=0, atol=0)

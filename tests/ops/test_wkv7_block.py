@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, f64, implementation, uniform
+from ops_testlib import (IMPLS, assert_block_sequence_equals_steps, assert_close_f32, compiled_or_skip, f64,
+                         implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
 from rwkv.ops import _testing, reference as ref
@@ -56,13 +57,8 @@ def test_wkv7_block_isa(cpu_isa, first_layer, T, H, N, rng):
 
 
 def test_wkv7_block_sequence_equals_token_by_token(rng):
-    fn = compiled_or_skip(OP)
     state, *rows, p = make_inputs(5, 2, 16, rng)
-    s_seq, s_one = state.clone(), state.clone()
-    y_seq = fn(s_seq, *rows, p, GROUP_NORM_EPS)
-    y_one = torch.cat([fn(s_one, *(t[i:i + 1] for t in rows), p, GROUP_NORM_EPS) for i in range(5)])
-    torch.testing.assert_close(y_seq, y_one, rtol=0, atol=0)
-    torch.testing.assert_close(s_seq, s_one, rtol=0, atol=0)
+    assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
 
 
 def test_wkv7_block_opcheck(rng):
@@ -86,7 +82,7 @@ REJECT_CASES = {
 def test_wkv7_block_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     state, r, w, k, v, a, g, v_first, v_gate, p = make_inputs(3, 2, 8, rng)
-    before = state.clone()
+    original, before = state, state.clone()
     if case == "state_dtype":
         state = state.half()
     elif case == "g_shape":
@@ -103,5 +99,4 @@ def test_wkv7_block_rejects(impl, case, rng):
         k = k.to("meta")
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
         fn(state, r, w, k, v, a, g, v_first, v_gate, p, GROUP_NORM_EPS)
-    if case != "state_dtype":
-        assert torch.equal(state, before)  # rejected before anything is written
+    assert torch.equal(original, before)  # rejected before anything is written

@@ -23,6 +23,7 @@ void fill_kernel_table(KernelTable* table) {
   using V = RWKV_VEC;
   table->wkv4 = &wkv4<V>;
   table->wkv56 = &wkv56<V>;
+  table->wkv6_block = &wkv6_block<V>;
   table->wkv7 = &wkv7<V>;
   table->wkv7_block = &wkv7_block<V>;
   table->mm8 = &mm8<V>;

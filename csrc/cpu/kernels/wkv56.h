@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cpu/kernels/group_norm.h"
 #include "cpu/kernels/vec_scalar.h"
 
 namespace rwkv {
@@ -37,26 +38,59 @@ inline void wkv56_columns(int64_t N, int64_t j, float* S, const float* r, const 
   for (int b = 0; b < B; ++b) V::store(y + j + b * W, V::fma(c, vj[b], acc[b]));
 }
 
+// One head and token: y [N] from S [N, N] (updated), with decay wt and bonus u of the head.
+template <class V>
+inline void wkv56_token(int64_t N, float* S, const float* r, const float* k, const float* v,
+                        const float* wt, const float* uh, float* y) {
+  constexpr int W = V::width;
+  float ruk = 0.0f;
+  for (int64_t i = 0; i < N; ++i) ruk += r[i] * uh[i] * k[i];
+  int64_t j = 0;
+  for (; j + 4 * W <= N; j += 4 * W) wkv56_columns<V, 4>(N, j, S, r, k, v, wt, ruk, y);
+  for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, S, r, k, v, wt, ruk, y);
+  for (; j < N; ++j) wkv56_columns<typename V::Tail, 1>(N, j, S, r, k, v, wt, ruk, y);
+}
+
 template <class V>
 void wkv56(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
            const float* r, const float* k, const float* v, const float* w, int64_t w_step,
            const float* u, float* y) {
-  constexpr int W = V::width;
   const int64_t HN = H * N;
   for (int64_t h = h0; h < h1; ++h) {
-    float* S = state + h * N * N;
-    const float* uh = u + h * N;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t o = t * HN + h * N;
-      const float* wt = w + t * w_step + h * N;
-      float ruk = 0.0f;
-      for (int64_t i = 0; i < N; ++i) ruk += r[o + i] * uh[i] * k[o + i];
+      wkv56_token<V>(N, state + h * N * N, r + o, k + o, v + o, w + t * w_step + h * N, u + h * N,
+                     y + o);
+    }
+  }
+}
+
+// wkv6_block (one RWKV-6 layer's time mix between its projections and the output projection,
+// per head and token; all fp32 [T, H*N] rows, p [4, H*N] = decay base, u, lx_w, lx_b):
+//   decay = exp(-exp(base + w)), recurrence as wkv6, y = group_norm_head(y; lx_w, lx_b, eps) * g
+// scratch holds N floats for each head in [h0, h1).
+template <class V>
+void wkv6_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
+                const float* r, const float* k, const float* v, const float* w, const float* g,
+                const float* p, float eps, float* scratch, float* y) {
+  using R = typename V::reg;
+  using S = typename V::Tail;
+  constexpr int W = V::width;
+  const int64_t HN = H * N;
+  const float *base = p, *u = p + HN, *lx_w = p + 2 * HN, *lx_b = p + 3 * HN;
+  for (int64_t h = h0; h < h1; ++h) {
+    float* dec = scratch + (h - h0) * N;
+    const int64_t c = h * N;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t o = t * HN + c;
       int64_t j = 0;
-      for (; j + 4 * W <= N; j += 4 * W)
-        wkv56_columns<V, 4>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
-      for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
-      for (; j < N; ++j)
-        wkv56_columns<typename V::Tail, 1>(N, j, S, r + o, k + o, v + o, wt, ruk, y + o);
+      for (; j + W <= N; j += W) {
+        const R z = V::exp(V::add(V::load(base + c + j), V::load(w + o + j)));
+        V::store(dec + j, V::exp(V::sub(V::zero(), z)));
+      }
+      for (; j < N; ++j) dec[j] = S::exp(-S::exp(base[c + j] + w[o + j]));
+      wkv56_token<V>(N, state + h * N * N, r + o, k + o, v + o, dec, u + c, y + o);
+      group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu/kernels/group_norm.h"
 #include "cpu/kernels/vec_scalar.h"
 
 namespace rwkv {
@@ -136,21 +137,12 @@ void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
         nk[j] = -nk[j];
         bonus += r[o + j] * k2[j] * r_k[c + j];
       }
-      float mean = 0.0f;
       for (int64_t i = 0; i < N; ++i) {
         float* row = S + i * N;
         const float sa = wkv7_dot<V>(nk, row, N);
-        const float yi = wkv7_row<V>(N, row, dec, b, k2, r + o, sa, v2[i]);
-        y[o + i] = yi;
-        mean += yi;
+        y[o + i] = wkv7_row<V>(N, row, dec, b, k2, r + o, sa, v2[i]);
       }
-      mean /= static_cast<float>(N);
-      float var = 0.0f;
-      for (int64_t i = 0; i < N; ++i) var += (y[o + i] - mean) * (y[o + i] - mean);
-      const float rstd = 1.0f / std::sqrt(var / static_cast<float>(N) + eps);
-      for (int64_t i = 0; i < N; ++i)
-        y[o + i] = (((y[o + i] - mean) * rstd) * lx_w[c + i] + lx_b[c + i] + bonus * v2[i]) *
-                   g[o + i];
+      group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o, bonus, v2);
     }
   }
 }
