@@ -109,14 +109,16 @@ class Projection:
         return self.weight
 
     def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype) -> torch.Tensor:
+        # One token: the vector ops take x [N] and give [M]; view() is the cheapest reshape (a
+        # share of one-token decode time goes to such per-op overheads).
         if self.int8:
             if x.shape[0] == 1:
-                return self._one(x[0], W, *side).unsqueeze(0)
+                return self._one(x.view(-1), W, *side).view(1, -1)
             return self._seq(x, W, *side)
         if out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True)
         if self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
-            return self._dense_one(x[0], W).unsqueeze(0)
+            return self._dense_one(x.view(-1), W).view(1, -1)
         return x @ W
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -128,7 +130,7 @@ class Projection:
             for part in parts[1:]:
                 y += part
             y = y.to(parts[0].dtype)
-        return y if out_dtype is None else y.to(out_dtype)
+        return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
 
 
 def _slab_side(side: tuple, r0: int, r1: int) -> tuple:
