@@ -34,6 +34,7 @@ class TimeMixV7:
         zeros = torch.zeros_like(w[a + "w0"])
         rows = [w[a + n].reshape(-1) if a + n in w else zeros for n in BLOCK_PARAMS]
         self.params = torch.stack(rows)  # [8, H*N] in the activation dtype
+        self.param_rows = self.params.unbind(0)  # for wkv7_block_math
         self.receptance, self.key, self.value, self.output = (
             Projection(w, a + f"{n}.weight", dd, mode, stream) for n in ("receptance", "key", "value", "output"))
         dev_type = torch.device(dd.device).type
@@ -62,6 +63,5 @@ class TimeMixV7:
         if self.block is not None:
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.params, GROUP_NORM_EPS)
         else:
-            y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.params.unbind(0),
-                                GROUP_NORM_EPS)
+            y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
         return x + self.output(y), xa[-1], v_first
