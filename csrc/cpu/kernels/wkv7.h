@@ -84,7 +84,7 @@ void wkv7(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
 // scratch holds 6*N floats for each head in [h0, h1).
 template <class V>
 inline void wkv7_sigmoid_sum(int64_t n, const float* x0, const float* x, float scale, float* out) {
-  // out = scale * sigmoid(x0 + x) (scale 1 or the decay's -0.606531), then exp if scale != 1.
+  // out = sigmoid(x0 + x), or exp(scale * sigmoid(x0 + x)) when scale != 1 (the decay: -0.606531).
   using R = typename V::reg;
   using S = typename V::Tail;
   constexpr int W = V::width;
