@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
+#include <string>
 #include <utility>
 
 #include "common/checks.h"
@@ -106,6 +107,13 @@ inline WkvDims check_wkv7(const at::Tensor& state, const at::Tensor& r, const at
   return d;
 }
 
+// A block op's parameter rows: p [rows, H*N] fp32 contiguous.
+inline void check_block_params(const char* op, const at::Tensor& p, int64_t rows, const WkvDims& d) {
+  const std::string pattern = "[" + std::to_string(rows) + ", H*N]";
+  check_rows(op, pattern.c_str(), {{"p", &p}}, rows, d.H * d.N);
+  RWKV_CHECK_CONTIGUOUS(op, p);
+}
+
 // wkv6_block: state, r, k, v, w (the decay's low-rank term), g as wkv6_forward's rows; p
 // [4, H*N] fp32 contiguous.
 inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
@@ -117,8 +125,7 @@ inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, co
   const WkvDims d = check_state_and_r(op, state, r);
   check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}, {"w", &w}, {"g", &g}}, d.T,
              d.H * d.N);
-  check_rows(op, "[4, H*N]", {{"p", &p}}, 4, d.H * d.N);
-  RWKV_CHECK_CONTIGUOUS(op, p);
+  check_block_params(op, p, 4, d);
   return d;
 }
 
@@ -141,8 +148,7 @@ inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, co
     check_same_device(op, {{"state", &state}, {"v_first", &*v_first}, {"v_gate", &*v_gate}});
     check_rows(op, "[T, H*N]", {{"v_first", &*v_first}, {"v_gate", &*v_gate}}, d.T, d.H * d.N);
   }
-  check_rows(op, "[8, H*N]", {{"p", &p}}, 8, d.H * d.N);
-  RWKV_CHECK_CONTIGUOUS(op, p);
+  check_block_params(op, p, 8, d);
   return d;
 }
 

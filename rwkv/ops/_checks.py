@@ -57,13 +57,22 @@ def _check_rows(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
         check_shape(op, name, t, pattern, (T, C))
 
 
-def _check_state_hnn(op: str, state: torch.Tensor) -> tuple:
+def _check_state_and_r(op: str, state: torch.Tensor, r: torch.Tensor) -> tuple:
+    """The [H, N, N] fp32 contiguous state of wkv5/6/7 and the fp32 [T, H*N] r; returns (T, H, N)."""
     check_dtype(op, "state", state, torch.float32)
     check_dim(op, "state", state, "[H, N, N]", 3)
     H, N = int(state.shape[0]), int(state.shape[1])
     check_shape(op, "state", state, "[H, N, N]", (H, N, N))
     check_contiguous(op, "state", state)
-    return H, N
+    check_dtype(op, "r", r, torch.float32)
+    check_dim(op, "r", r, "[T, H*N]", 2)
+    return int(r.shape[0]), H, N
+
+
+def _check_block_params(op: str, p: torch.Tensor, rows: int, C: int) -> None:
+    """A block op's parameter rows: p [rows, H*N] fp32 contiguous."""
+    _check_rows(op, ("p",), (p,), rows, C, f"[{rows}, H*N]")
+    check_contiguous(op, "p", p)
 
 
 def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
@@ -84,10 +93,7 @@ def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
 
 def _validate_wkv56(op: str, state, r, k, v, w, u, w_per_token: bool) -> tuple:
     check_same_device(op, ("state", "r", "k", "v", "w", "u"), (state, r, k, v, w, u))
-    H, N = _check_state_hnn(op, state)
-    check_dtype(op, "r", r, torch.float32)
-    check_dim(op, "r", r, "[T, H*N]", 2)
-    T = int(r.shape[0])
+    T, H, N = _check_state_and_r(op, state, r)
     _check_rows(op, ("r", "k", "v"), (r, k, v), T, H * N)
     if w_per_token:
         _check_rows(op, ("w",), (w,), T, H * N)
@@ -114,10 +120,7 @@ def validate_wkv7(state, r, w, k, v, a, b) -> tuple:
     op = "wkv7_forward"
     names = ("state", "r", "w", "k", "v", "a", "b")
     check_same_device(op, names, (state, r, w, k, v, a, b))
-    H, N = _check_state_hnn(op, state)
-    check_dtype(op, "r", r, torch.float32)
-    check_dim(op, "r", r, "[T, H*N]", 2)
-    T = int(r.shape[0])
+    T, H, N = _check_state_and_r(op, state, r)
     _check_rows(op, names[1:], (r, w, k, v, a, b), T, H * N)
     return T, H, N
 
@@ -127,13 +130,9 @@ def validate_wkv6_block(state, r, k, v, w, g, p) -> tuple:
     op = "wkv6_block"
     names = ("state", "r", "k", "v", "w", "g", "p")
     check_same_device(op, names, (state, r, k, v, w, g, p))
-    H, N = _check_state_hnn(op, state)
-    check_dtype(op, "r", r, torch.float32)
-    check_dim(op, "r", r, "[T, H*N]", 2)
-    T = int(r.shape[0])
+    T, H, N = _check_state_and_r(op, state, r)
     _check_rows(op, names[1:6], (r, k, v, w, g), T, H * N)
-    _check_rows(op, ("p",), (p,), 4, H * N, "[4, H*N]")
-    check_contiguous(op, "p", p)
+    _check_block_params(op, p, 4, H * N)
     return T, H, N
 
 
@@ -142,10 +141,7 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
     op = "wkv7_block"
     names = ("state", "r", "w", "k", "v", "a", "g", "p")
     check_same_device(op, names, (state, r, w, k, v, a, g, p))
-    H, N = _check_state_hnn(op, state)
-    check_dtype(op, "r", r, torch.float32)
-    check_dim(op, "r", r, "[T, H*N]", 2)
-    T = int(r.shape[0])
+    T, H, N = _check_state_and_r(op, state, r)
     _check_rows(op, ("r", "w", "k", "v", "a", "g"), (r, w, k, v, a, g), T, H * N)
     torch._check((v_first is None) == (v_gate is None),
                  lambda: f"{op}: v_first and v_gate must be given together (layers after the first) "
@@ -153,8 +149,7 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
     if v_first is not None:
         check_same_device(op, ("state", "v_first", "v_gate"), (state, v_first, v_gate))
         _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N)
-    _check_rows(op, ("p",), (p,), 8, H * N, "[8, H*N]")
-    check_contiguous(op, "p", p)
+    _check_block_params(op, p, 8, H * N)
     return T, H, N
 
 
