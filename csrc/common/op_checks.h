@@ -37,6 +37,17 @@ inline void check_rows(const char* op, const char* pattern, std::initializer_lis
   }
 }
 
+// Each tensor must be float32 with shape [C].
+inline void check_channel_vectors(const char* op, std::initializer_list<NamedTensor> tensors,
+                                  int64_t C) {
+  for (const NamedTensor& t : tensors) {
+    TORCH_CHECK(t.second->scalar_type() == at::kFloat, op, ": ", t.first,
+                " must be float32, got ", dtype_name(t.second->scalar_type()));
+    TORCH_CHECK(t.second->dim() == 1 && t.second->size(0) == C, op, ": ", t.first,
+                " must have shape [C] = [", C, "], got ", t.second->sizes());
+  }
+}
+
 struct Wkv4Dims { int64_t T, C; };
 
 inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
@@ -49,13 +60,7 @@ inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::T
   RWKV_CHECK_DIM(op, k, "[T, C]", 2);
   const int64_t T = k.size(0), C = k.size(1);
   check_rows(op, "[T, C]", {{"v", &v}}, T, C);
-  for (const NamedTensor& t : {NamedTensor{"w", &w}, NamedTensor{"u", &u}, NamedTensor{"aa", &aa},
-                               NamedTensor{"bb", &bb}, NamedTensor{"pp", &pp}}) {
-    TORCH_CHECK(t.second->scalar_type() == at::kFloat, op, ": ", t.first,
-                " must be float32, got ", dtype_name(t.second->scalar_type()));
-    TORCH_CHECK(t.second->dim() == 1 && t.second->size(0) == C, op, ": ", t.first,
-                " must have shape [C] = [", C, "], got ", t.second->sizes());
-  }
+  check_channel_vectors(op, {{"w", &w}, {"u", &u}, {"aa", &aa}, {"bb", &bb}, {"pp", &pp}}, C);
   RWKV_CHECK_CONTIGUOUS(op, aa);
   RWKV_CHECK_CONTIGUOUS(op, bb);
   RWKV_CHECK_CONTIGUOUS(op, pp);
@@ -207,6 +212,24 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(column_major(w), op, ": w must be column-major (w.t() contiguous), got strides ",
               w.strides());
   return {N, M};
+}
+
+struct LnMixDims { int64_t T, C, n; };
+
+// ln_mix: x [T, C]; sx, w, b [C]; mix [n, C]; all float32.
+inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
+                              const at::Tensor& b, const at::Tensor& mix) {
+  const char* op = "ln_mix";
+  check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
+  RWKV_CHECK_DTYPE(op, x, at::kFloat);
+  RWKV_CHECK_DIM(op, x, "[T, C]", 2);
+  const int64_t T = x.size(0), C = x.size(1);
+  check_channel_vectors(op, {{"sx", &sx}, {"w", &w}, {"b", &b}}, C);
+  RWKV_CHECK_DTYPE(op, mix, at::kFloat);
+  RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
+  const int64_t n = mix.size(0);
+  RWKV_CHECK_SHAPE(op, mix, "[n, C]", n, C);
+  return {T, C, n};
 }
 
 }  // namespace rwkv

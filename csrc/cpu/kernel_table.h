@@ -35,6 +35,13 @@ struct KernelTable {
                      const float* r, const float* w, const float* k, const float* v,
                      const float* a, const float* g, const float* v_first, const float* v_gate,
                      const float* p, float eps, float* scratch, float* y);
+  // ln_mix (kernels/ln_mix.h) in two steps over rows [t0, t1): the layer norm y = LN(x) of
+  // x, y [T, C] with w, b [C]; then, once every row is normalised, the n mixes of xx (= y) with
+  // its previous row (sx [C] before row 0), out [n, T, C] from mix [n, C], lerp or delta form.
+  void (*layer_norm)(int64_t C, int64_t t0, int64_t t1, const float* x, const float* w,
+                     const float* b, float eps, float* y);
+  void (*shift_mix)(int64_t T, int64_t C, int64_t n, int64_t t0, int64_t t1, const float* xx,
+                    const float* sx, const float* mix, bool lerp, float* out);
   // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
   // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.

@@ -7,20 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..ops.reference import ln_mix_math, token_shift  # noqa: F401 (token_shift: for the versions)
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
+LAYER_NORM_EPS = 1e-5  # F.layer_norm's default, which upstream's layer norms use
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), weight=w, bias=b)
-
-
-def token_shift(xx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
-    """Row t of the result is the previous token's row: ``[sx; xx[0..T-2]]``. xx: [T, C], sx: [C]."""
-    if xx.shape[0] == 1:
-        return sx.unsqueeze(0)
-    return torch.cat((sx.unsqueeze(0), xx[:-1]))
+    return F.layer_norm(x, (x.shape[-1],), weight=w, bias=b, eps=LAYER_NORM_EPS)
 
 
 def stacked_mixes(mixes: list) -> tuple:
@@ -46,6 +41,42 @@ def _compiled(name: str, dispatch_key: str) -> bool:
 
     _backend._load()
     return _backend.has_kernel(name, dispatch_key)
+
+
+def fused_cpu_op(name: str, dd: LayerPlacement, mode: str):
+    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 activations (what the fused
+    ops take), or None: kernels="reference", other devices or dtypes, or no compiled kernel. The
+    caller then runs the op's math as torch ops, with the bits it always had."""
+    if (torch.device(dd.device).type == "cpu" and mode != "reference" and dd.atype == torch.float32
+            and _compiled(name, "CPU")):
+        return ops.resolve(name, "cpu", mode)
+    return None
+
+
+class LnMix:
+    """The start of each half of every block: the layer norm ``prefix`` (ln1 or ln2) of x, the
+    token shift and the n mixes of the result with the previous token's, in the lerp form
+    (RWKV-4/5) or the delta form (RWKV-6/7). ``__call__(x, sx)`` returns (xx [T, C], whose last row
+    is the new shift state, and mixed [n, T, C]).
+
+    On CPU with fp32 activations this is the compiled ``ln_mix`` op: one call instead of 5-6 small
+    torch ops, which cost 10-30 us each while decoding (streaming the weights evicts torch's code
+    and data from the caches). Otherwise the same math as torch ops (ln_mix_math)."""
+
+    def __init__(self, w: dict, prefix: str, mixes: list, lerp: bool, dd: LayerPlacement, mode: str):
+        self.ln_w, self.ln_b = w[prefix + ".weight"], w[prefix + ".bias"]
+        self.mix, rmix = stacked_mixes(mixes)
+        self.rmix = rmix if lerp else None
+        self.lerp = lerp
+        self.op = fused_cpu_op("ln_mix", dd, mode)
+        self.rows = self.mix.squeeze(1)  # [n, C], the op's layout
+        if any(t.dtype != torch.float32 for t in (self.ln_w, self.ln_b, self.rows)):
+            self.op = None
+
+    def __call__(self, x: torch.Tensor, sx: torch.Tensor) -> tuple:
+        if self.op is not None:
+            return self.op(x, sx, self.ln_w, self.ln_b, self.rows, self.lerp, LAYER_NORM_EPS)
+        return ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
 
 
 class Projection:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .common import Projection, layer_norm, stacked_mixes, token_shift
+from .common import LnMix, Projection
 
 
 class TimeMixV4:
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = f"blocks.{i}."
-        self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
-        self.mix, self.rmix = stacked_mixes([w[p + f"att.time_mix_{c}"] for c in "kvr"])
+        self.ln_mix = LnMix(w, p + "ln1", [w[p + f"att.time_mix_{c}"] for c in "kvr"], True, dd, mode)
         self.decay, self.first = w[p + "att.time_decay"], w[p + "att.time_first"]  # fp32 (A,)
         self.key, self.value, self.receptance, self.output = (
             Projection(w, p + f"att.{n}.weight", dd, mode, stream)
@@ -21,9 +20,8 @@ class TimeMixV4:
 
     def __call__(self, x, sx, aa, bb, pp):
         """aa, bb, pp are private copies (updated in place by the kernel)."""
-        xx = layer_norm(x, self.ln_w, self.ln_b)
-        prev = token_shift(xx, sx)
-        kx, vx, rx = (xx * self.mix + prev * self.rmix).unbind(0)
+        xx, mixed = self.ln_mix(x, sx)
+        kx, vx, rx = mixed.unbind(0)
         r = torch.sigmoid(self.receptance(rx))
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)

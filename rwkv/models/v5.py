@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops.reference import wkv6_block_math
-from .common import GROUP_NORM_EPS, Projection, _compiled, layer_norm, stacked_mixes, token_shift
+from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op, stacked_mixes, token_shift
 
 
 class TimeMixV5:
@@ -19,7 +19,6 @@ class TimeMixV5:
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = self.prefix = f"blocks.{i}."
         self.H, self.N = info.n_head, info.head_size
-        self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
         self.lx_w, self.lx_b = w[p + "att.ln_x.weight"], w[p + "att.ln_x.bias"]
         self.gated = info.version >= 5.1
         proj = ("key", "value", "receptance", "output") + (("gate",) if self.gated else ())
@@ -33,23 +32,24 @@ class TimeMixV5:
 
     def _load_mixes(self, w, p, dd, mode):
         names = "kvr" + ("g" if self.gated else "")
-        self.mix, self.rmix = stacked_mixes([w[p + f"att.time_mix_{c}"] for c in names])
+        self.ln_mix = LnMix(w, p + "ln1", [w[p + f"att.time_mix_{c}"] for c in names], True, dd, mode)
         self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
 
-    def _inputs(self, xx, prev):
-        """Returns r, k, v (fp32, [T, A]), the gate (atype or None) and the decay input of _block."""
-        mixed = (xx * self.mix + prev * self.rmix).unbind(0)
+    def _inputs(self, x, sx):
+        """Returns xx (ln1 of x; its last row is the new shift state) and the inputs of _block:
+        r, k, v (fp32, [T, A]), the gate (atype or None) and the decay input."""
+        xx, mixed = self.ln_mix(x, sx)
+        mixed = mixed.unbind(0)
         r = self.receptance(mixed[2], torch.float32)
         k = self.key(mixed[0], torch.float32)
         v = self.value(mixed[1], torch.float32)
         g = F.silu(self.gate(mixed[3])) if self.gated else None
-        return r, k, v, g, self.decay
+        return xx, (r, k, v, g, self.decay)
 
     def __call__(self, x, sx, S):
         """S is a private copy (updated in place by the kernel)."""
-        xx = layer_norm(x, self.ln_w, self.ln_b)
-        r, k, v, g, w = self._inputs(xx, token_shift(xx, sx))
-        return x + self.output(self._block(S, r, k, v, g, w, x.dtype)), xx[-1]
+        xx, inputs = self._inputs(x, sx)
+        return x + self.output(self._block(S, *inputs, x.dtype)), xx[-1]
 
     def _block(self, S, r, k, v, g, decay, dtype):
         """The recurrence, the group norm and the gate: the input of the output projection."""
@@ -69,7 +69,8 @@ class TimeMixV6(TimeMixV5):
 
     def _load_mixes(self, w, p, dd, mode):
         a = p + "att."
-        self.maa_x = w[a + "time_maa_x"]
+        # ln_mix gives xx + (prev - xx) * time_maa_x, the input of the low-rank token-shift path.
+        self.ln_mix = LnMix(w, p + "ln1", [w[a + "time_maa_x"]], False, dd, mode)
         self.maa = stacked_mixes([w[a + f"time_maa_{c}"] for c in "wkvrg"])[0]
         # (C, 5D) and (5, D, C); the 2-D low-rank factors as Projections (one-token products on CPU
         # use the matrix-vector kernel).
@@ -78,24 +79,22 @@ class TimeMixV6(TimeMixV5):
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
-        dev_type = torch.device(dd.device).type
-        self.block = None
-        if (dev_type == "cpu" and mode != "reference" and dd.atype == torch.float32
-                and _compiled("wkv6_block", "CPU")):
-            self.block = ops.resolve("wkv6_block", dev_type, mode)
+        self.block = fused_cpu_op("wkv6_block", dd, mode)
+        if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
-    def _inputs(self, xx, prev):
+    def _inputs(self, x, sx):
+        xx, xmaa = self.ln_mix(x, sx)
         T = xx.shape[0]
-        d = prev - xx
-        z = torch.tanh(self.maa_w1(xx + d * self.maa_x)).view(T, 5, -1).transpose(0, 1)
+        d = token_shift(xx, sx) - xx
+        z = torch.tanh(self.maa_w1(xmaa[0])).view(T, 5, -1).transpose(0, 1)
         m = torch.bmm(z, self.maa_w2)  # (5, T, C): w, k, v, r, g
         wx, kx, vx, rx, gx = (xx + d * (self.maa + m)).unbind(0)
         r = self.receptance(rx, torch.float32)
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)
         g = F.silu(self.gate(gx))
-        return r, k, v, g, self.decay_w2(torch.tanh(self.decay_w1(wx))).float()
+        return xx, (r, k, v, g, self.decay_w2(torch.tanh(self.decay_w1(wx))).float())
 
     def _block(self, S, r, k, v, g, w, dtype):
         if self.block is not None:

@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, Projection, _compiled, layer_norm, stacked_mixes, token_shift
+from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -24,8 +24,7 @@ class TimeMixV7:
         a = p + "att."
         self.layer = i
         self.H, self.N = info.n_head, info.head_size
-        self.ln_w, self.ln_b = w[p + "ln1.weight"], w[p + "ln1.bias"]
-        self.mix = stacked_mixes([w[a + f"x_{c}"] for c in "rwkvag"])[0]
+        self.ln_mix = LnMix(w, p + "ln1", [w[a + f"x_{c}"] for c in "rwkvag"], False, dd, mode)
         # Low-rank factors as Projections: one-token products on CPU use the matrix-vector kernel.
         self.w1, self.w2, self.a1, self.a2, self.g1, self.g2 = (
             Projection(w, a + n, dd, mode) for n in ("w1", "w2", "a1", "a2", "g1", "g2"))
@@ -37,18 +36,13 @@ class TimeMixV7:
         self.param_rows = self.params.unbind(0)  # for wkv7_block_math
         self.receptance, self.key, self.value, self.output = (
             Projection(w, a + f"{n}.weight", dd, mode, stream) for n in ("receptance", "key", "value", "output"))
-        dev_type = torch.device(dd.device).type
-        self.wkv = ops.resolve("wkv7_forward", dev_type, mode)
-        self.block = None
-        if (dev_type == "cpu" and mode != "reference" and dd.atype == torch.float32
-                and _compiled("wkv7_block", "CPU")):
-            self.block = ops.resolve("wkv7_block", dev_type, mode)
+        self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
+        self.block = fused_cpu_op("wkv7_block", dd, mode)
 
     def __call__(self, x, sx, S, v_first):
         """S is a private copy (updated in place by the kernel). Returns (x + out, shift, v_first)."""
-        xa = layer_norm(x, self.ln_w, self.ln_b)
-        d = token_shift(xa, sx) - xa
-        xr, xw, xk, xv, xaa, xg = (xa + d * self.mix).unbind(0)
+        xa, mixed = self.ln_mix(x, sx)
+        xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
         r = self.receptance(xr)
         w = self.w2(torch.tanh(self.w1(xw)))
         k = self.key(xk)

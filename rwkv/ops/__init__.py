@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "ln_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -41,6 +41,13 @@ def wkv7(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b
          *, mode: str = "auto") -> Tensor:
     """RWKV-7: state [H, N, N] fp32 (value, key) in place; r, w, k, v, a, b [T, H*N] fp32."""
     return resolve("wkv7_forward", r.device.type, mode)(state, r, w, k, v, a, b)
+
+
+def ln_mix(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool, eps: float = 1e-5,
+           *, mode: str = "auto") -> tuple:
+    """Layer norm, token shift and mixes (fp32; docs/kernels.md): x [T, C]; sx, w, b [C]; mix
+    [n, C]. Returns (xx = layer_norm(x) [T, C], mixed [n, T, C])."""
+    return resolve("ln_mix", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
 
 
 def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,

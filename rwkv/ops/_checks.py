@@ -57,6 +57,12 @@ def _check_rows(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
         check_shape(op, name, t, pattern, (T, C))
 
 
+def _check_channel_vectors(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], C: int) -> None:
+    for name, t in zip(names, tensors):
+        check_dtype(op, name, t, torch.float32)
+        check_shape(op, name, t, "[C]", (C,))
+
+
 def _check_state_and_r(op: str, state: torch.Tensor, r: torch.Tensor) -> tuple:
     """The [H, N, N] fp32 contiguous state of wkv5/6/7 and the fp32 [T, H*N] r; returns (T, H, N)."""
     check_dtype(op, "state", state, torch.float32)
@@ -83,9 +89,7 @@ def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
     check_dim(op, "k", k, "[T, C]", 2)
     T, C = int(k.shape[0]), int(k.shape[1])
     _check_rows(op, ("v",), (v,), T, C, "[T, C]")
-    for name, t in (("w", w), ("u", u), ("aa", aa), ("bb", bb), ("pp", pp)):
-        check_dtype(op, name, t, torch.float32)
-        check_shape(op, name, t, "[C]", (C,))
+    _check_channel_vectors(op, ("w", "u", "aa", "bb", "pp"), (w, u, aa, bb, pp), C)
     for name, t in (("aa", aa), ("bb", bb), ("pp", pp)):
         check_contiguous(op, name, t)
     return T, C
@@ -151,6 +155,21 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
         _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N)
     _check_block_params(op, p, 8, H * N)
     return T, H, N
+
+
+def validate_ln_mix(x, sx, w, b, mix) -> tuple:
+    """Checks ln_mix's arguments; returns (T, C, n)."""
+    op = "ln_mix"
+    check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
+    check_dtype(op, "x", x, torch.float32)
+    check_dim(op, "x", x, "[T, C]", 2)
+    T, C = int(x.shape[0]), int(x.shape[1])
+    _check_channel_vectors(op, ("sx", "w", "b"), (sx, w, b), C)
+    check_dtype(op, "mix", mix, torch.float32)
+    check_dim(op, "mix", mix, "[n, C]", 2)
+    n = int(mix.shape[0])
+    check_shape(op, "mix", mix, "[n, C]", (n, C))
+    return T, C, n
 
 
 def validate_mm8(op: str, x, w, mx, rx, my, ry, x_pattern: str, x_ndim: int) -> tuple:

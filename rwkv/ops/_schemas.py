@@ -96,6 +96,19 @@ def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
     return r.new_empty((T, H * N))
 
 
+# The start of each half of every block (docs/kernels.md): x [T, C]; sx (the shift state), w, b
+# (the layer norm's) [C]; mix [n, C]; all fp32; lerp: the RWKV-4/5 form, else RWKV-6/7's.
+# Returns (xx = layer_norm(x) [T, C], the n mixes of xx with its previous row [n, T, C]).
+_define("ln_mix",
+        "(Tensor x, Tensor sx, Tensor w, Tensor b, Tensor mix, bool lerp, float eps) -> (Tensor, Tensor)")
+
+
+@torch.library.register_fake(f"{_LIB}::ln_mix")
+def _ln_mix_fake(x, sx, w, b, mix, lerp, eps):
+    T, C, n = _checks.validate_ln_mix(x, sx, w, b, mix)
+    return x.new_empty((T, C)), x.new_empty((n, T, C))
+
+
 # x: [N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
 # mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] in x's dtype.
 _define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
@@ -161,4 +174,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")
+       "ln_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")

@@ -131,6 +131,25 @@ def wkv7_inplace_math(state, r, w, k, v, a, b):
     return y
 
 
+def token_shift(xx, sx):
+    """Row t of the result is the previous token's row: ``[sx; xx[0..T-2]]``. xx: [T, C], sx: [C]."""
+    if xx.shape[0] == 1:
+        return sx.unsqueeze(0)
+    return torch.cat((sx.unsqueeze(0), xx[:-1]))
+
+
+def ln_mix_math(x, sx, w, b, mix, rmix, eps):
+    """The start of each half of every block: xx = layer_norm(x), the token shift, and the mixes
+    of xx with the previous row. mix: [n, 1, C]; rmix: 1 - mix for the lerp form (RWKV-4/5:
+    ``xx * mix + prev * rmix``), None for the delta form (RWKV-6/7: ``xx + (prev - xx) * mix``).
+    Returns (xx [T, C], mixed [n, T, C])."""
+    xx = F.layer_norm(x, (x.shape[-1],), weight=w, bias=b, eps=eps)
+    prev = token_shift(xx, sx)
+    if rmix is not None:
+        return xx, xx * mix + prev * rmix
+    return xx, xx + (prev - xx) * mix
+
+
 def mm8_math(x, w, mx, rx, my, ry):
     """x: [..., N]; w: [N, M] uint8; mx, rx: [M]; my, ry: [N, 1]. In x's dtype, dequantizing w."""
     return x @ ((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
@@ -191,6 +210,14 @@ def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
     [8, H*N] fp32 (w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias). Returns y [T, H*N] fp32."""
     _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
     return wkv7_block_math(wkv7_forward, state, r, w, k, v, a, g, v_first, v_gate, p.unbind(0), eps)
+
+
+def ln_mix(x, sx, w, b, mix, lerp, eps):
+    """Layer norm, token shift and mixes (ln_mix_math). x [T, C]; sx, w, b [C]; mix [n, C]; all
+    fp32; lerp picks the form. Returns (xx [T, C], mixed [n, T, C])."""
+    _checks.validate_ln_mix(x, sx, w, b, mix)
+    m = mix.unsqueeze(1)
+    return ln_mix_math(x, sx, w, b, m, 1 - m if lerp else None, eps)
 
 
 def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):

@@ -1,0 +1,106 @@
+"""ln_mix: compiled kernel and reference vs the float64 spec, every CPU ISA, rows split between
+threads, opcheck, errors."""
+
+import pytest
+import torch
+from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, implementation, uniform
+
+from rwkv.models.common import LAYER_NORM_EPS
+from rwkv.ops import _testing, reference as ref
+
+OP = "ln_mix"
+
+
+def make_inputs(T, C, n, rng):
+    x = uniform((T, C), rng, 2.0, 4.0)  # an offset: the mean is not ~0, so it must be removed
+    sx = uniform((C,), rng)
+    w = uniform((C,), rng, 0.5, 1.5)
+    b = uniform((C,), rng, -0.5, 0.5)
+    mix = uniform((n, C), rng, 0.0, 1.0)
+    return x, sx, w, b, mix
+
+
+def spec64(x, sx, w, b, mix, lerp):
+    """The float64 spec: (xx [T, C], mixed [n, T, C])."""
+    m = mix.double().unsqueeze(1)
+    return ref.ln_mix_math(x.double(), sx.double(), w.double(), b.double(), m,
+                           1 - m if lerp else None, LAYER_NORM_EPS)
+
+
+def check(fn, T, C, n, lerp, rng):
+    inputs = make_inputs(T, C, n, rng)
+    xx64, mixed64 = spec64(*inputs, lerp)
+    xx, mixed = fn(*inputs, lerp, LAYER_NORM_EPS)
+    assert xx.shape == (T, C) and mixed.shape == (n, T, C)
+    # The layer norm divides by the row's spread (~0.6 here), which costs a few fp32 ulps.
+    assert_close_f32(xx, xx64, rtol=1e-5, atol=1e-5)
+    assert_close_f32(mixed, mixed64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+@pytest.mark.parametrize("T,C,n", [(1, 64, 1), (1, 40, 6), (3, 33, 2), (5, 2048, 4)])
+def test_ln_mix_matches_spec(impl, lerp, T, C, n, rng):
+    check(implementation(OP, impl, "cpu"), T, C, n, lerp, rng)
+
+
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+@pytest.mark.parametrize("T,C,n", [(1, 256, 5), (2, 17, 2), (4, 100, 1)])
+def test_ln_mix_isa(cpu_isa, lerp, T, C, n, rng):
+    fn = compiled_or_skip(OP)
+    with _testing.force_cpu_isa(cpu_isa):
+        check(fn, T, C, n, lerp, rng)
+
+
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+def test_ln_mix_rows_equal_token_by_token(lerp, rng):
+    """Many rows (split between threads, the layer norm before the mixes) give the bits of one-row
+    calls, each shifting in the previous row's layer norm."""
+    fn = compiled_or_skip(OP)
+    x, sx, w, b, mix = make_inputs(700, 64, 3, rng)
+    xx, mixed = fn(x, sx, w, b, mix, lerp, LAYER_NORM_EPS)
+    prev = sx
+    for t in range(x.shape[0]):
+        xx_t, mixed_t = fn(x[t:t + 1], prev, w, b, mix, lerp, LAYER_NORM_EPS)
+        torch.testing.assert_close(xx[t:t + 1], xx_t, rtol=0, atol=0)
+        torch.testing.assert_close(mixed[:, t:t + 1], mixed_t, rtol=0, atol=0)
+        prev = xx_t[0]
+
+
+def test_ln_mix_opcheck(rng):
+    compiled_or_skip(OP)
+    torch.library.opcheck(torch.ops.rwkv.ln_mix.default, (*make_inputs(3, 40, 2, rng), True, LAYER_NORM_EPS))
+
+
+REJECT_CASES = {
+    "x_dtype": "ln_mix: x must be float32, got bfloat16",
+    "x_dim": r"ln_mix: x must have shape \[T, C\], got \[40\]",
+    "sx_shape": r"ln_mix: sx must have shape \[C\] = \[40\], got \[39\]",
+    "b_dtype": "ln_mix: b must be float32, got float16",
+    "mix_shape": r"ln_mix: mix must have shape \[n, C\] = \[2, 40\], got \[2, 41\]",
+    "mix_dim": r"ln_mix: mix must have shape \[n, C\], got \[40\]",
+    "device": r"ln_mix: w must be on the same device as x \(cpu\), got meta",
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(REJECT_CASES))
+def test_ln_mix_rejects(impl, case, rng):
+    fn = implementation(OP, impl, "cpu")
+    x, sx, w, b, mix = make_inputs(3, 40, 2, rng)
+    if case == "x_dtype":
+        x = x.bfloat16()
+    elif case == "x_dim":
+        x = x[0]
+    elif case == "sx_shape":
+        sx = sx[:39]
+    elif case == "b_dtype":
+        b = b.half()
+    elif case == "mix_shape":
+        mix = torch.cat([mix, mix[:, :1]], dim=1)
+    elif case == "mix_dim":
+        mix = mix[0]
+    elif case == "device":
+        w = w.to("meta")
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+        fn(x, sx, w, b, mix, True, LAYER_NORM_EPS)
