@@ -232,4 +232,24 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
   return {T, C, n};
 }
 
+struct MaaMixDims { int64_t T, C, n, D; };
+
+// maa_mix: xx [T, C]; sx [C]; z [T, n*D]; w2 [n, D, C]; maa [n, C]; all float32.
+inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
+                                const at::Tensor& w2, const at::Tensor& maa) {
+  const char* op = "maa_mix";
+  check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
+  RWKV_CHECK_DTYPE(op, xx, at::kFloat);
+  RWKV_CHECK_DIM(op, xx, "[T, C]", 2);
+  const int64_t T = xx.size(0), C = xx.size(1);
+  check_channel_vectors(op, {{"sx", &sx}}, C);
+  RWKV_CHECK_DTYPE(op, w2, at::kFloat);
+  RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
+  const int64_t n = w2.size(0), D = w2.size(1);
+  RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
+  check_rows(op, "[T, n*D]", {{"z", &z}}, T, n * D);
+  check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
+  return {T, C, n, D};
+}
+
 }  // namespace rwkv

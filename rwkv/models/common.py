@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..ops.reference import ln_mix_math, token_shift  # noqa: F401 (token_shift: for the versions)
+from ..ops.reference import ln_mix_math
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")

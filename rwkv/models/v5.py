@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..ops.reference import wkv6_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op, stacked_mixes, token_shift
+from ..ops.reference import maa_mix_math, wkv6_block_math
+from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op, stacked_mixes
 
 
 class TimeMixV5:
@@ -60,9 +60,10 @@ class TimeMixV5:
 
 
 class TimeMixV6(TimeMixV5):
-    """What lies between the projections and the output projection (decay, recurrence, group norm,
-    gate) is ``wkv6_block``: the compiled CPU op when the activations are fp32 (one call instead
-    of ~10 small torch ops per layer), otherwise the same math as torch ops (wkv6_block_math,
+    """The data-dependent token shift after its first low-rank product is ``maa_mix``, and what lies
+    between the projections and the output projection (decay, recurrence, group norm, gate) is
+    ``wkv6_block``: compiled CPU ops when the activations are fp32 (one call each instead of ~10
+    small torch ops), otherwise the same math as torch ops (maa_mix_math and wkv6_block_math,
     upstream's order of operations, with this layer's wkv6 op)."""
 
     op_name = "wkv6_forward"
@@ -71,7 +72,7 @@ class TimeMixV6(TimeMixV5):
         a = p + "att."
         # ln_mix gives xx + (prev - xx) * time_maa_x, the input of the low-rank token-shift path.
         self.ln_mix = LnMix(w, p + "ln1", [w[a + "time_maa_x"]], False, dd, mode)
-        self.maa = stacked_mixes([w[a + f"time_maa_{c}"] for c in "wkvrg"])[0]
+        self.maa = stacked_mixes([w[a + f"time_maa_{c}"] for c in "wkvrg"])[0]  # [5, 1, C]
         # (C, 5D) and (5, D, C); the 2-D low-rank factors as Projections (one-token products on CPU
         # use the matrix-vector kernel).
         self.maa_w1, self.maa_w2 = Projection(w, a + "time_maa_w1", dd, mode), w[a + "time_maa_w2"]
@@ -79,17 +80,20 @@ class TimeMixV6(TimeMixV5):
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
+        self.maa_op = fused_cpu_op("maa_mix", dd, mode)
+        self.maa_rows = self.maa.squeeze(1)  # [5, C], the op's layout
         self.block = fused_cpu_op("wkv6_block", dd, mode)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
     def _inputs(self, x, sx):
         xx, xmaa = self.ln_mix(x, sx)
-        T = xx.shape[0]
-        d = token_shift(xx, sx) - xx
-        z = torch.tanh(self.maa_w1(xmaa[0])).view(T, 5, -1).transpose(0, 1)
-        m = torch.bmm(z, self.maa_w2)  # (5, T, C): w, k, v, r, g
-        wx, kx, vx, rx, gx = (xx + d * (self.maa + m)).unbind(0)
+        z = self.maa_w1(xmaa[0])
+        if self.maa_op is not None:  # the compiled op (fp32 on CPU), else the same math as torch ops
+            mixed = self.maa_op(xx, sx, z, self.maa_w2, self.maa_rows)
+        else:
+            mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa)
+        wx, kx, vx, rx, gx = mixed.unbind(0)  # (5, T, C): w, k, v, r, g
         r = self.receptance(rx, torch.float32)
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)

@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "ln_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -48,6 +48,12 @@ def ln_mix(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool,
     """Layer norm, token shift and mixes (fp32; docs/kernels.md): x [T, C]; sx, w, b [C]; mix
     [n, C]. Returns (xx = layer_norm(x) [T, C], mixed [n, T, C])."""
     return resolve("ln_mix", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
+
+
+def maa_mix(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> Tensor:
+    """RWKV-6's data-dependent token shift (fp32; docs/kernels.md): xx [T, C]; sx [C]; z [T, n*D]
+    (before tanh); w2 [n, D, C]; maa [n, C]. Returns [n, T, C]."""
+    return resolve("maa_mix", xx.device.type, mode)(xx, sx, z, w2, maa)
 
 
 def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,

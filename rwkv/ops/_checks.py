@@ -172,6 +172,23 @@ def validate_ln_mix(x, sx, w, b, mix) -> tuple:
     return T, C, n
 
 
+def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
+    """Checks maa_mix's arguments; returns (T, C, n, D)."""
+    op = "maa_mix"
+    check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
+    check_dtype(op, "xx", xx, torch.float32)
+    check_dim(op, "xx", xx, "[T, C]", 2)
+    T, C = int(xx.shape[0]), int(xx.shape[1])
+    _check_channel_vectors(op, ("sx",), (sx,), C)
+    check_dtype(op, "w2", w2, torch.float32)
+    check_dim(op, "w2", w2, "[n, D, C]", 3)
+    n, D = int(w2.shape[0]), int(w2.shape[1])
+    check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
+    _check_rows(op, ("z",), (z,), T, n * D, "[T, n*D]")
+    _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
+    return T, C, n, D
+
+
 def validate_mm8(op: str, x, w, mx, rx, my, ry, x_pattern: str, x_ndim: int) -> tuple:
     """Checks mm8_one/mm8_seq arguments; returns (N, M)."""
     check_same_device(op, ("x", "w", "mx", "rx", "my", "ry"), (x, w, mx, rx, my, ry))

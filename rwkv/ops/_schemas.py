@@ -109,6 +109,18 @@ def _ln_mix_fake(x, sx, w, b, mix, lerp, eps):
     return x.new_empty((T, C)), x.new_empty((n, T, C))
 
 
+# RWKV-6's data-dependent token shift after its first low-rank product (docs/kernels.md): xx
+# [T, C] (the layer norm), sx [C] (the shift state), z [T, n*D] (the product, before tanh), w2
+# [n, D, C], maa [n, C]; all fp32. Returns xx + (prev - xx) * (maa + tanh(z) @ w2): [n, T, C].
+_define("maa_mix", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::maa_mix")
+def _maa_mix_fake(xx, sx, z, w2, maa):
+    T, C, n, D = _checks.validate_maa_mix(xx, sx, z, w2, maa)
+    return xx.new_empty((n, T, C))
+
+
 # x: [N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
 # mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] in x's dtype.
 _define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
@@ -174,4 +186,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")
+       "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")

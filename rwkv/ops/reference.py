@@ -150,6 +150,16 @@ def ln_mix_math(x, sx, w, b, mix, rmix, eps):
     return xx, xx + (prev - xx) * mix
 
 
+def maa_mix_math(xx, sx, z, w2, maa):
+    """RWKV-6's data-dependent token shift after its first low-rank product: xx [T, C] (the layer
+    norm), sx [C], z [T, n*D] (the product, before tanh), w2 [n, D, C], maa [n, 1, C]. With
+    d = prev - xx (the token shift), returns xx + d * (maa + tanh(z) @ w2) per i: [n, T, C]."""
+    T, n = xx.shape[0], w2.shape[0]
+    d = token_shift(xx, sx) - xx
+    m = torch.bmm(torch.tanh(z).view(T, n, -1).transpose(0, 1), w2)
+    return xx + d * (maa + m)
+
+
 def mm8_math(x, w, mx, rx, my, ry):
     """x: [..., N]; w: [N, M] uint8; mx, rx: [M]; my, ry: [N, 1]. In x's dtype, dequantizing w."""
     return x @ ((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
@@ -218,6 +228,13 @@ def ln_mix(x, sx, w, b, mix, lerp, eps):
     _checks.validate_ln_mix(x, sx, w, b, mix)
     m = mix.unsqueeze(1)
     return ln_mix_math(x, sx, w, b, m, 1 - m if lerp else None, eps)
+
+
+def maa_mix(xx, sx, z, w2, maa):
+    """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C]; sx [C]; z [T, n*D]; w2
+    [n, D, C]; maa [n, C]; all fp32. Returns [n, T, C]."""
+    _checks.validate_maa_mix(xx, sx, z, w2, maa)
+    return maa_mix_math(xx, sx, z, w2, maa.unsqueeze(1))
 
 
 def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):

@@ -7,6 +7,7 @@
 #include "cpu/kernel_table.h"
 #include "cpu/kernels/linear.h"
 #include "cpu/kernels/ln_mix.h"
+#include "cpu/kernels/maa_mix.h"
 #include "cpu/kernels/mm8.h"
 #include "cpu/kernels/wkv4.h"
 #include "cpu/kernels/wkv56.h"
@@ -29,6 +30,7 @@ void fill_kernel_table(KernelTable* table) {
   table->wkv7_block = &wkv7_block<V>;
   table->layer_norm = &layer_norm_rows<V>;
   table->shift_mix = &shift_mix_rows<V>;
+  table->maa_mix = &maa_mix<V>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
   table->mm8_quantize_i16 = &mm8_quantize_i16<V>;

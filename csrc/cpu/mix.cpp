@@ -1,0 +1,84 @@
+// ATen glue for the token-shift mixes on CPU: ln_mix (the layer norm, token shift and mixes that
+// begin each half of every block) and maa_mix (RWKV-6's data-dependent token shift after its
+// first low-rank product), each one call instead of several small torch ops (docs/kernels.md
+// says why). One row, the decode case, runs ln_mix inline; longer inputs split rows between
+// threads, the layer norm first since each row's mixes read the row before. maa_mix splits
+// channels. Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "common/op_checks.h"
+#include "cpu/cpu_features.h"
+
+namespace rwkv {
+namespace cpu {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor& sx,
+                                          const at::Tensor& w, const at::Tensor& b,
+                                          const at::Tensor& mix, bool lerp, double eps) {
+  const LnMixDims d = check_ln_mix(x, sx, w, b, mix);
+  const at::Tensor xc = x.contiguous(), sxc = sx.contiguous(), wc = w.contiguous(),
+                   bc = b.contiguous(), mc = mix.contiguous();
+  at::Tensor xx = at::empty({d.T, d.C}, x.options());
+  at::Tensor out = at::empty({d.n, d.T, d.C}, x.options());
+  const KernelTable& kt = kernels();
+  const float* xp = xc.data_ptr<float>();
+  float* xxp = xx.data_ptr<float>();
+  const auto norm = [&](int64_t t0, int64_t t1) {
+    kt.layer_norm(d.C, t0, t1, xp, wc.data_ptr<float>(), bc.data_ptr<float>(),
+                  static_cast<float>(eps), xxp);
+  };
+  const auto mixes = [&](int64_t t0, int64_t t1) {
+    kt.shift_mix(d.T, d.C, d.n, t0, t1, xxp, sxc.data_ptr<float>(), mc.data_ptr<float>(), lerp,
+                 out.data_ptr<float>());
+  };
+  if (d.T == 1) {  // one token: no parallel region (its fork and join cost more than the work)
+    norm(0, 1);
+    mixes(0, 1);
+  } else {
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d.C));
+    at::parallel_for(0, d.T, grain, norm);
+    at::parallel_for(0, d.T, grain, mixes);
+  }
+  return {xx, out};
+}
+
+at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
+                   const at::Tensor& w2, const at::Tensor& maa) {
+  const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa);
+  const at::Tensor xc = xx.contiguous(), sxc = sx.contiguous(), zc = z.contiguous(),
+                   wc = w2.contiguous(), mc = maa.contiguous();
+  at::Tensor out = at::empty({d.n, d.T, d.C}, xx.options());
+  // tanh(z) once (T*n*D values), before the threads share it.
+  std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
+  const float* zp = zc.data_ptr<float>();
+  for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
+  const KernelTable& kt = kernels();
+  // Blocks of 64 channels; a task gets >= ~64k multiply-adds.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (d.C + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, d.T * d.n * d.D * kBlock));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    kt.maa_mix(d.T, d.C, d.n, d.D, b0 * kBlock, std::min(d.C, b1 * kBlock), xc.data_ptr<float>(),
+               sxc.data_ptr<float>(), zt.data(), wc.data_ptr<float>(), mc.data_ptr<float>(),
+               out.data_ptr<float>());
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace rwkv
+
+TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
+  m.impl("ln_mix", &rwkv::cpu::ln_mix);
+  m.impl("maa_mix", &rwkv::cpu::maa_mix);
+}

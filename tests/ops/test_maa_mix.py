@@ -1,0 +1,94 @@
+"""maa_mix: compiled kernel and reference vs the float64 spec, every CPU ISA, rows vs one-row calls,
+opcheck, errors."""
+
+import pytest
+import torch
+from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, implementation, uniform
+
+from rwkv.ops import _testing, reference as ref
+
+OP = "maa_mix"
+
+
+def make_inputs(T, C, n, D, rng):
+    xx = uniform((T, C), rng, -2.0, 2.0)
+    sx = uniform((C,), rng, -2.0, 2.0)
+    z = uniform((T, n * D), rng, -3.0, 3.0)  # before tanh: covers its saturating range
+    w2 = uniform((n, D, C), rng, -0.3, 0.3)
+    maa = uniform((n, C), rng, 0.0, 1.0)
+    return xx, sx, z, w2, maa
+
+
+def spec64(xx, sx, z, w2, maa):
+    return ref.maa_mix_math(*(t.double() for t in (xx, sx, z, w2)), maa.double().unsqueeze(1))
+
+
+def check(fn, T, C, n, D, rng):
+    inputs = make_inputs(T, C, n, D, rng)
+    out = fn(*inputs)
+    assert out.shape == (n, T, C)
+    assert_close_f32(out, spec64(*inputs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T,C,n,D", [(1, 64, 5, 32), (1, 100, 5, 8), (3, 33, 2, 3), (4, 2048, 5, 32)])
+def test_maa_mix_matches_spec(impl, T, C, n, D, rng):
+    check(implementation(OP, impl, "cpu"), T, C, n, D, rng)
+
+
+@pytest.mark.parametrize("T,C,n,D", [(1, 256, 5, 32), (2, 17, 5, 4), (3, 130, 1, 16)])
+def test_maa_mix_isa(cpu_isa, T, C, n, D, rng):
+    fn = compiled_or_skip(OP)
+    with _testing.force_cpu_isa(cpu_isa):
+        check(fn, T, C, n, D, rng)
+
+
+def test_maa_mix_rows_equal_token_by_token(rng):
+    """A sequence (channels split between threads) gives the bits of one-row calls, each shifting in
+    the previous row."""
+    fn = compiled_or_skip(OP)
+    xx, sx, z, w2, maa = make_inputs(9, 640, 5, 16, rng)
+    out = fn(xx, sx, z, w2, maa)
+    prev = sx
+    for t in range(xx.shape[0]):
+        torch.testing.assert_close(out[:, t:t + 1], fn(xx[t:t + 1], prev, z[t:t + 1], w2, maa), rtol=0, atol=0)
+        prev = xx[t]
+
+
+def test_maa_mix_opcheck(rng):
+    compiled_or_skip(OP)
+    torch.library.opcheck(torch.ops.rwkv.maa_mix.default, make_inputs(3, 40, 5, 4, rng))
+
+
+REJECT_CASES = {
+    "xx_dtype": "maa_mix: xx must be float32, got bfloat16",
+    "sx_shape": r"maa_mix: sx must have shape \[C\] = \[40\], got \[41\]",
+    "w2_dim": r"maa_mix: w2 must have shape \[n, D, C\], got \[20, 40\]",
+    "w2_shape": r"maa_mix: w2 must have shape \[n, D, C\] = \[5, 4, 40\], got \[5, 4, 39\]",
+    "z_shape": r"maa_mix: z must have shape \[T, n\*D\] = \[3, 20\], got \[3, 19\]",
+    "maa_shape": r"maa_mix: maa must have shape \[n, C\] = \[5, 40\], got \[4, 40\]",
+    "device": r"maa_mix: z must be on the same device as xx \(cpu\), got meta",
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(REJECT_CASES))
+def test_maa_mix_rejects(impl, case, rng):
+    fn = implementation(OP, impl, "cpu")
+    xx, sx, z, w2, maa = make_inputs(3, 40, 5, 4, rng)
+    if case == "xx_dtype":
+        xx = xx.bfloat16()
+    elif case == "sx_shape":
+        sx = torch.cat([sx, sx[:1]])
+    elif case == "w2_dim":
+        w2 = w2.reshape(20, 40)
+    elif case == "w2_shape":
+        w2 = w2[:, :, :39]
+    elif case == "z_shape":
+        z = z[:, :19]
+    elif case == "maa_shape":
+        maa = maa[:4]
+    elif case == "device":
+        z = z.to("meta")
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+        fn(xx, sx, z, w2, maa)
