@@ -1,5 +1,6 @@
 // ATen glue for linear_one on CPU: a dense matrix-vector product for column-major bf16 or fp32
-// weights (how the model stores them), fp32 accumulation, threaded over output columns. It exists
+// weights (how the model stores them), fp32 accumulation, threaded over output columns, with an
+// optional activation of the output (common/activation.h). It exists
 // because it beats torch's `x @ w` on CPU (docs/kernels.md has the measurements).
 // Schema: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h.
 #include <ATen/Parallel.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 
+#include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 
@@ -16,8 +18,9 @@ namespace rwkv {
 namespace cpu {
 namespace {
 
-at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w, int64_t act) {
   const LinearDims d = check_linear_one(x, w);
+  const Act a = check_act("linear_one", act);
   // (Each conversion only when needed: a no-op .to() still costs a dispatch per product.)
   const at::Tensor x32 =
       x.scalar_type() == at::kFloat && x.is_contiguous() ? x : x.to(at::kFloat).contiguous();
@@ -37,6 +40,7 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w) {
       const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
       kt.linear_one_bf16(d.N, m0, m1, x32.data_ptr<float>(), wp, y.data_ptr<float>(), sequential);
     }
+    activate(a, y.data_ptr<float>() + m0, m1 - m0);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }

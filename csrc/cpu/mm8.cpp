@@ -15,6 +15,7 @@
 #include <new>
 #include <vector>
 
+#include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 
@@ -177,9 +178,12 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
 // mm8_one with xs = x*ry quantized to int16 by one scale per call and exact integer dot products
 // (kernels/mm8.h): the weight bytes are only widened, never converted to float, so the product
 // keeps up with memory bandwidth. Falls back to the fp32 loop when xs is all zero or not finite.
+// `act` applies an activation to the output (common/activation.h).
 at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
-                       const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry) {
+                       const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry,
+                       int64_t act) {
   const Mm8Prepared p = mm8_prepare("mm8_one_i16", false, x, w, mx, rx, my, ry);
+  const Act a = check_act("mm8_one_i16", act);
   at::Tensor y = at::empty({p.M}, p.x32.options());
   const KernelTable& kt = kernels();
   constexpr int64_t kPad = 64;  // Dot16::kStep of every ISA
@@ -193,6 +197,7 @@ at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                           : 0.0f;
   if (scale == 0.0f) {
     mm8_loop(p, y);
+    activate(a, y.data_ptr<float>(), p.M);
     return in_dtype(y, x);
   }
   const bool sequential = read_sequential();
@@ -200,6 +205,7 @@ at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tenso
     kt.mm8_i16(p.N, m0, m1, xqp, p.q.data_ptr<uint8_t>(), scale, sums,
                p.rx32.data_ptr<float>(), p.mx32.data_ptr<float>(), y.data_ptr<float>(),
                sequential);
+    activate(a, y.data_ptr<float>() + m0, m1 - m0);
   });
   return in_dtype(y, x);
 }

@@ -2,6 +2,11 @@
 // current stream, launch check.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/tanh.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,14 +14,31 @@
 
 #include <cstdint>
 
+#include "common/activation.h"
 #include "common/op_checks.h"
 #include "cuda/kernels.h"
 
 namespace {
 
+// The activation as torch ops on y (fp32 from the kernel's bf16 output, then back): the same
+// values a CPU caller gets, up to the bf16 rounding of the product.
+at::Tensor activated(const at::Tensor& y, rwkv::Act a) {
+  if (a == rwkv::Act::none) return y;
+  const at::Tensor f = y.to(at::kFloat);
+  at::Tensor r;
+  switch (a) {
+    case rwkv::Act::sigmoid: r = at::sigmoid(f); break;
+    case rwkv::Act::relu2: r = at::relu(f); r = at::mul(r, r); break;
+    case rwkv::Act::tanh: r = at::tanh(f); break;
+    default: r = at::silu(f); break;
+  }
+  return r.to(y.scalar_type());
+}
+
 // x [N] bf16; w [N, M] bf16 column-major (w.t() contiguous). Returns y [M] bf16.
-at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w, int64_t act) {
   const auto [N, M] = rwkv::check_linear_one(x, w);
+  const rwkv::Act a = rwkv::check_act("linear_one", act);
   TORCH_INTERNAL_ASSERT(x.is_cuda());
   // float32 is a CPU kernel only (on CUDA, torch's own matmul is the fast path for it).
   TORCH_CHECK(x.scalar_type() == at::kBFloat16,
@@ -32,7 +54,7 @@ at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w) {
   rwkv::cuda::linear_one_bf16(N, M, xc.data_ptr(), w.data_ptr(), y.data_ptr(), vec,
                               c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return y;
+  return activated(y, a);
 }
 
 }  // namespace

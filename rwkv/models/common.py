@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..ops.reference import ln_mix_math
+from ..ops._checks import ACTIVATIONS
+from ..ops.reference import activate, ln_mix_math
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
@@ -139,28 +140,38 @@ class Projection:
             return self.weight.to(self.device, non_blocking=True)
         return self.weight
 
-    def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype) -> torch.Tensor:
+    def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype, act: int) -> tuple:
+        """(y, whether the activation ``act`` is applied): the one-token kernels apply it to their
+        fp32 result, in the same call."""
         # One token: the vector ops take x [N] and give [M]; view() is the cheapest reshape (a
         # share of one-token decode time goes to such per-op overheads).
         if self.int8:
             if x.shape[0] == 1:
-                return self._one(x.view(-1), W, *side).view(1, -1)
-            return self._seq(x, W, *side)
+                if self.one_token_op == "mm8_one_i16":
+                    return self._one(x.view(-1), W, *side, act).view(1, -1), True
+                return self._one(x.view(-1), W, *side).view(1, -1), False
+            return self._seq(x, W, *side), False
         if out_dtype == torch.float32 and self._gemm16 is not None:
-            return self._gemm16(x, W, True)
+            return self._gemm16(x, W, True), False
         if self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
-            return self._dense_one(x.view(-1), W).view(1, -1)
-        return x @ W
+            return self._dense_one(x.view(-1), W, act).view(1, -1), True
+        return x @ W, False
 
-    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                 act: str | None = None) -> torch.Tensor:
+        """``x @ W``, then the activation ``act`` (a name of ACTIVATIONS: sigmoid, relu2, tanh,
+        silu), then ``out_dtype``."""
+        code = ACTIVATIONS[act] if act else 0
         if self.slabs is None:
-            y = self._product(x, self._weight(), self.side, out_dtype)
+            y, done = self._product(x, self._weight(), self.side, out_dtype, code)
         else:  # the product is linear in the rows: the slabs' products summed in fp32
-            parts = [self._product(x[:, rows], q, side, out_dtype) for rows, q, side in self.slabs]
-            y = parts[0].float()
+            parts = [self._product(x[:, rows], q, side, out_dtype, 0)[0] for rows, q, side in self.slabs]
+            y, done = parts[0].float(), False
             for part in parts[1:]:
                 y += part
             y = y.to(parts[0].dtype)
+        if not done:
+            y = activate(y, code)
         return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
 
 

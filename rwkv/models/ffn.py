@@ -7,13 +7,6 @@ import torch
 from .common import LnMix, Projection
 
 
-def _relu_squared(k: torch.Tensor) -> torch.Tensor:
-    """relu(k)**2 as h*h: the same bits as ``** 2`` (torch computes x**2 as x*x), without the
-    Python number's per-call conversion (a share of one-token decode time)."""
-    h = torch.relu(k)
-    return h * h
-
-
 class ChannelMix:
     """v4/v5.x use ``time_mix_k/r`` (lerp form), v6 ``time_maa_k/r`` (delta form), v7 ``x_k`` (delta
     form) and no receptance. Returns ``(x + out, new shift state)``; the shift state is the LN2 output."""
@@ -35,8 +28,8 @@ class ChannelMix:
     def __call__(self, x: torch.Tensor, sx: torch.Tensor):
         xx, mixed = self.ln_mix(x, sx)
         if self.version == 7:
-            return x + self.value(_relu_squared(self.key(mixed[0]))), xx[-1]
+            return x + self.value(self.key(mixed[0], act="relu2")), xx[-1]
         kx, rx = mixed.unbind(0)
-        r = torch.sigmoid(self.receptance(rx))
-        h = _relu_squared(self.key(kx))
+        r = self.receptance(rx, act="sigmoid")
+        h = self.key(kx, act="relu2")
         return x + r * self.value(h), xx[-1]

@@ -22,7 +22,7 @@ class TimeMixV4:
         """aa, bb, pp are private copies (updated in place by the kernel)."""
         xx, mixed = self.ln_mix(x, sx)
         kx, vx, rx = mixed.unbind(0)
-        r = torch.sigmoid(self.receptance(rx))
+        r = self.receptance(rx, act="sigmoid")
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)
         y = self.wkv(self.decay, self.first, k.contiguous(), v.contiguous(), aa, bb, pp)

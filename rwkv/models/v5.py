@@ -43,7 +43,7 @@ class TimeMixV5:
         r = self.receptance(mixed[2], torch.float32)
         k = self.key(mixed[0], torch.float32)
         v = self.value(mixed[1], torch.float32)
-        g = F.silu(self.gate(mixed[3])) if self.gated else None
+        g = self.gate(mixed[3], act="silu") if self.gated else None
         return xx, (r, k, v, g, self.decay)
 
     def __call__(self, x, sx, S):
@@ -97,8 +97,8 @@ class TimeMixV6(TimeMixV5):
         r = self.receptance(rx, torch.float32)
         k = self.key(kx, torch.float32)
         v = self.value(vx, torch.float32)
-        g = F.silu(self.gate(gx))
-        return xx, (r, k, v, g, self.decay_w2(torch.tanh(self.decay_w1(wx))).float())
+        g = self.gate(gx, act="silu")
+        return xx, (r, k, v, g, self.decay_w2(self.decay_w1(wx, act="tanh")).float())
 
     def _block(self, S, r, k, v, g, w, dtype):
         if self.block is not None:

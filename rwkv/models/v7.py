@@ -44,11 +44,11 @@ class TimeMixV7:
         xa, mixed = self.ln_mix(x, sx)
         xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
         r = self.receptance(xr)
-        w = self.w2(torch.tanh(self.w1(xw)))
+        w = self.w2(self.w1(xw, act="tanh"))
         k = self.key(xk)
         v = self.value(xv)
         a = self.a2(self.a1(xaa))
-        g = self.g2(torch.sigmoid(self.g1(xg)))
+        g = self.g2(self.g1(xg, act="sigmoid"))
         if self.layer == 0:
             v_first, v_gate, vf = v, None, None
         else:

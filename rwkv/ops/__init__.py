@@ -77,11 +77,12 @@ def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor
     return resolve("mm8_one", x.device.type, mode)(x, w, mx, rx, my, ry)
 
 
-def mm8_one_i16(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
+def mm8_one_i16(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor, act: int = 0,
                 *, mode: str = "auto") -> Tensor:
     """mm8_one with x*ry rounded to int16 (one scale per call) and exact integer dot products:
-    the CPU decode path for int8 weights (docs/kernels.md). Returns [M] in x's dtype."""
-    return resolve("mm8_one_i16", x.device.type, mode)(x, w, mx, rx, my, ry)
+    the CPU decode path for int8 weights (docs/kernels.md). act: an activation code of
+    ``_checks.ACTIVATIONS`` applied to the output (0: none). Returns [M] in x's dtype."""
+    return resolve("mm8_one_i16", x.device.type, mode)(x, w, mx, rx, my, ry, act)
 
 
 def mm8_seq(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
@@ -102,6 +103,7 @@ def gemm_fp16(a: Tensor, b: Tensor, fp32_out: bool, *, mode: str = "auto") -> Te
     return resolve("gemm_fp16", a.device.type, mode)(a, b, fp32_out)
 
 
-def linear_one(x: Tensor, w: Tensor, *, mode: str = "auto") -> Tensor:
-    """x [N] bf16 @ w [N, M] bf16 (column-major: w.t() contiguous), fp32 accumulation."""
-    return resolve("linear_one", x.device.type, mode)(x, w)
+def linear_one(x: Tensor, w: Tensor, act: int = 0, *, mode: str = "auto") -> Tensor:
+    """x [N] @ w [N, M], both bf16 or both fp32 (column-major: w.t() contiguous), fp32
+    accumulation, then the activation code ``act`` (``_checks.ACTIVATIONS``; 0: none)."""
+    return resolve("linear_one", x.device.type, mode)(x, w, act)

@@ -14,6 +14,15 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+#: The activations linear_one and mm8_one_i16 can apply to their output, by code (0: none).
+ACTIVATIONS = {"sigmoid": 1, "relu2": 2, "tanh": 3, "silu": 4}
+
+
+def check_act(op: str, act: int) -> None:
+    torch._check(0 <= act <= 4, lambda: f"{op}: act must be 0 (none), 1 (sigmoid), 2 (relu squared), "
+                                         f"3 (tanh) or 4 (silu), got {act}")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

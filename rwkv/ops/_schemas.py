@@ -144,13 +144,16 @@ def _mm8_seq_fake(x, w, mx, rx, my, ry):
 
 # As mm8_one, but xs = x*ry is rounded to int16 with one scale per call (max|xs| / 32767) and the
 # dot products with w are exact integers: y = rx*(scale*(xq @ w) + 0.5*sum(xs)) + sum(x*my)
-# + mx*sum(x). Falls back to mm8_one's fp32 math when xs is all zero or not finite. CPU only.
-_define("mm8_one_i16", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
+# + mx*sum(x). Falls back to mm8_one's fp32 math when xs is all zero or not finite. act: an
+# activation of y (ACTIVATIONS; 0 = none). CPU only.
+_define("mm8_one_i16",
+        "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry, int act=0) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::mm8_one_i16")
-def _mm8_one_i16_fake(x, w, mx, rx, my, ry):
+def _mm8_one_i16_fake(x, w, mx, rx, my, ry, act=0):
     N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    _checks.check_act("mm8_one_i16", act)
     return x.new_empty((M,))
 
 
@@ -164,14 +167,16 @@ def _gemm_fp16_fake(a, b, fp32_out):
     return a.new_empty((T, M), dtype=torch.float32 if fp32_out else torch.float16)
 
 
-# x: [N] bf16; w: [N, M] bf16, column-major (w.t() contiguous); fp32 accumulation.
-# Returns y: [M] bf16. bf16 only: for fp32, torch's `x @ w` is as fast (docs/kernels.md).
-_define("linear_one", "(Tensor x, Tensor w) -> Tensor")
+# x: [N] and w: [N, M] both bf16 or both fp32 (fp32: CPU only), w column-major (w.t()
+# contiguous); fp32 accumulation; act: an activation of y (ACTIVATIONS; 0 = none). Returns y: [M]
+# in x's dtype.
+_define("linear_one", "(Tensor x, Tensor w, int act=0) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::linear_one")
-def _linear_one_fake(x, w):
+def _linear_one_fake(x, w, act=0):
     N, M = _checks.validate_linear_one(x, w)
+    _checks.check_act("linear_one", act)
     return x.new_empty((M,))
 
 

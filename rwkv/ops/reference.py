@@ -160,6 +160,22 @@ def maa_mix_math(xx, sx, z, w2, maa):
     return xx + d * (maa + m)
 
 
+def relu_squared(h):
+    """relu(h)**2 as r*r: the same bits as ``** 2`` (torch computes x**2 as x*x), without the
+    Python number's per-call conversion (a share of one-token decode time)."""
+    r = torch.relu(h)
+    return r * r
+
+
+#: The activation functions by code (_checks.ACTIVATIONS), as the model's torch path applies them.
+ACTIVATION_FNS = {1: torch.sigmoid, 2: relu_squared, 3: torch.tanh, 4: F.silu}
+
+
+def activate(y, act):
+    """y with activation code ``act`` applied (0: y itself)."""
+    return ACTIVATION_FNS[act](y) if act else y
+
+
 def mm8_math(x, w, mx, rx, my, ry):
     """x: [..., N]; w: [N, M] uint8; mx, rx: [M]; my, ry: [N, 1]. In x's dtype, dequantizing w."""
     return x @ ((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
@@ -254,11 +270,13 @@ def mm8_seq(x, w, mx, rx, my, ry):
     return _mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
 
 
-def mm8_one_i16(x, w, mx, rx, my, ry):
+def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     """mm8_one with xs = x*ry rounded to int16 (scale max|xs|/32767, round half to even) and exact
-    integer dot products; mm8_one's fp32 math when xs is all zero or not finite. Returns [M] in
-    x's dtype. The compiled kernel quantizes identically, so only the fp32 sums differ."""
+    integer dot products; mm8_one's fp32 math when xs is all zero or not finite; then the
+    activation ``act`` (in fp32). Returns [M] in x's dtype. The compiled kernel quantizes
+    identically, so only the fp32 sums (and the activation's last bits) differ."""
     _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    _checks.check_act("mm8_one_i16", act)
     f = torch.float32
     x32, ry32 = x.to(f), ry.to(f)
     xs = x32 * ry32[:, 0]
@@ -266,13 +284,13 @@ def mm8_one_i16(x, w, mx, rx, my, ry):
     inv = torch.tensor(32767.0, dtype=f) / amax
     usable = bool(torch.isfinite(xs.sum()) and amax > 0 and torch.isfinite(amax) and torch.isfinite(inv))
     if not usable:
-        return _mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+        return activate(_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1).to(f), act).to(x.dtype)
     xq = torch.round(xs * inv).clamp(-32768, 32767)
     scale = amax / torch.tensor(32767.0, dtype=f)
     # float64 holds every partial sum exactly (|sum| < N * 32768 * 255 < 2^53).
     dot = (xq.double() @ w.double()).to(torch.int64).to(f) * scale
     y = rx.to(f) * (dot + 0.5 * xs.sum()) + (x32 * my.to(f)[:, 0]).sum() + mx.to(f) * x32.sum()
-    return y.to(x.dtype)
+    return activate(y, act).to(x.dtype)
 
 
 def gemm_fp16(a, b, fp32_out):
@@ -282,8 +300,9 @@ def gemm_fp16(a, b, fp32_out):
     return y if fp32_out else y.to(torch.float16)
 
 
-def linear_one(x, w):
-    """x [N] @ w [N, M] (column-major), both bf16 or both fp32, with fp32 accumulation; returns [M]
-    in x's dtype."""
+def linear_one(x, w, act=0):
+    """x [N] @ w [N, M] (column-major), both bf16 or both fp32, with fp32 accumulation, then the
+    activation ``act`` (in fp32); returns [M] in x's dtype."""
     _checks.validate_linear_one(x, w)
-    return (x.to(torch.float32) @ w.to(torch.float32)).to(x.dtype)
+    _checks.check_act("linear_one", act)
+    return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)

@@ -1,0 +1,86 @@
+"""The ``act`` argument of the one-token products (linear_one, mm8_one_i16): each activation, every
+CPU ISA, against the same product without it followed by the torch function; the fallback path of
+mm8_one_i16; opcheck; out-of-range codes."""
+
+import pytest
+import torch
+import test_linear_one
+import test_mm8
+from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform
+
+from rwkv.ops import _testing
+from rwkv.ops._checks import ACTIVATIONS
+from rwkv.ops.reference import ACTIVATION_FNS
+
+OPS = ("linear_one", "mm8_one_i16")
+N, M = 300, 70
+
+
+def inputs(op, rng, dtype=torch.float32):
+    if op == "linear_one":
+        return test_linear_one.make_inputs(N, M, rng, dtype=dtype)
+    # Outputs of both signs and a few units (every activation's curved part): sum(x) ~ 1, so the
+    # column offsets mx (in [-4, 4]) set y, the int8 part adding a little to each column.
+    w = test_mm8.make_weight(N, M, rng)
+    x = uniform((N,), rng, 0, 2 / N, dtype=dtype)
+    mx = uniform((M,), rng, -4, 4, dtype=dtype)
+    rx = uniform((M,), rng, 0.01, 0.1, dtype=dtype) / 16
+    my = uniform((N, 1), rng, -0.1, 0.1, dtype=dtype)
+    ry = uniform((N, 1), rng, 0.01, 0.1, dtype=dtype) / 16
+    return x, w, mx, rx, my, ry
+
+
+def check(fn, args, code):
+    """fn(args, act=code) against fn(args) then the activation, in fp32: the activation is applied
+    to the fp32 product before the output's rounding, with the last bits of libm's exp/tanh."""
+    plain = fn(*args, 0).float()
+    assert plain.abs().max() > 1 and (plain < 0).any() and (plain > 0).any()  # a meaningful range
+    want = ACTIVATION_FNS[code](plain)
+    got = fn(*args, code)
+    assert got.dtype == args[0].dtype and got.shape == plain.shape
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:  # bf16: rounded once (ours) or twice (the product, then the activation of it)
+        torch.testing.assert_close(got.float(), want, rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("op", OPS)
+def test_activation_applied(op, impl, act, rng):
+    check(implementation(op, impl, "cpu"), inputs(op, rng), ACTIVATIONS[act])
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("op", OPS)
+def test_activation_isa(cpu_isa, op, act, rng):
+    fn = compiled_or_skip(op)
+    with _testing.force_cpu_isa(cpu_isa):
+        for dtype in (torch.float32, torch.bfloat16):
+            check(fn, inputs(op, rng, dtype), ACTIVATIONS[act])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mm8_one_i16_fallback_path_activates(impl, rng):
+    """x = 0 takes mm8_one's fp32 path (nothing to quantize): y = 0, so sigmoid gives 0.5 and silu 0."""
+    fn = implementation("mm8_one_i16", impl, "cpu")
+    x, *rest = inputs("mm8_one_i16", rng)
+    zero = torch.zeros_like(x)
+    torch.testing.assert_close(fn(zero, *rest, ACTIVATIONS["sigmoid"]), torch.full((M,), 0.5))
+    torch.testing.assert_close(fn(zero, *rest, ACTIVATIONS["silu"]), torch.zeros(M))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_activation_opcheck(op, rng):
+    compiled_or_skip(op)
+    torch.library.opcheck(getattr(torch.ops.rwkv, op).default, (*inputs(op, rng), ACTIVATIONS["tanh"]))
+
+
+@pytest.mark.parametrize("act", [-1, 5])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("op", OPS)
+def test_activation_code_out_of_range(op, impl, act, rng):
+    fn = implementation(op, impl, "cpu")
+    with pytest.raises(RuntimeError, match=rf"{op}: act must be 0 \(none\), 1 \(sigmoid\), 2 \(relu squared\), "
+                                           rf"3 \(tanh\) or 4 \(silu\), got {act}"):
+        fn(*inputs(op, rng), act)
