@@ -8,22 +8,40 @@ import time
 import torch
 
 
-def time_model(m, vocab: int, prefill: int, decode: int) -> dict:
-    """``m``: an RWKV model (either package). Prefill: one forward of ``prefill`` seeded random
-    tokens after a 16-token warm-up. Decode: median of ``decode`` single-token forwards after 3
-    warm-up tokens. Returns {"decode_ms", "prefill_tps"}."""
+def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1) -> dict:
+    """``models``: name -> an RWKV model (either package). Per model, prefill: one forward of
+    ``prefill`` seeded random tokens after a 16-token warm-up, then 3 warm-up tokens. Decode: the
+    median of at least ``decode`` single-token forwards, taken in ``rounds`` rounds; in each round
+    every model in turn decodes one untimed token, then its share of the timed ones. With several
+    models and rounds the models are thus timed interleaved, under the same conditions of a machine
+    whose memory bandwidth drifts from minute to minute. Returns name -> {"decode_ms",
+    "prefill_tps"}."""
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (prefill,), generator=g).tolist()
-    m.forward(prompt[:16], None)  # warm-up
-    t0 = time.perf_counter()
-    _, state = m.forward(prompt, None)
-    prefill_s = time.perf_counter() - t0
-    for t in prompt[:3]:
-        _, state = m.forward([t], state)
-    times = []
-    for t in prompt[:decode]:
+    prompt = torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
+    per_round = -(-decode // rounds)
+    states, out = {}, {}
+    for name, m in models.items():
+        m.forward(prompt[:16], None)  # warm-up
         t0 = time.perf_counter()
-        _, state = m.forward([t], state)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"decode_ms": 1000 * times[len(times) // 2], "prefill_tps": prefill / prefill_s}
+        _, state = m.forward(prompt[:prefill], None)
+        out[name] = {"prefill_tps": prefill / (time.perf_counter() - t0), "times": []}
+        for t in prompt[:3]:
+            _, state = m.forward([t], state)
+        states[name] = state
+    for r in range(rounds):
+        for name, m in models.items():
+            _, state = m.forward([prompt[r % len(prompt)]], states[name])  # untimed: the switch
+            for i in range(per_round):
+                t0 = time.perf_counter()
+                _, state = m.forward([prompt[(r * per_round + i) % len(prompt)]], state)
+                out[name]["times"].append(time.perf_counter() - t0)
+            states[name] = state
+    for res in out.values():
+        times = sorted(res.pop("times"))
+        res["decode_ms"] = 1000 * times[len(times) // 2]
+    return out
+
+
+def time_model(m, vocab: int, prefill: int, decode: int) -> dict:
+    """One model: ``time_models`` in one round. Returns {"decode_ms", "prefill_tps"}."""
+    return time_models({"m": m}, vocab, prefill, decode)["m"]

@@ -8,10 +8,13 @@ For each seeded random-weight checkpoint (shapes like RWKV 0.1B and 1.5B) and st
 decode ms/token (median of --decode single-token forwards after warm-up) and prefill tokens/s (one
 --prefill-token forward), ours in this process and upstream 0.8.32 (``.upstream/``) in a subprocess
 on the same file, plus the machine's memory read bandwidth in the same run (the best of several readers, measured
-before and after the models; see memory_bandwidth). Each row prints both
-figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a share of the
-measured bandwidth, and against the bandwidth measured right after that row (the machine is shared
-and drifts). Upstream's v7 class has no int8 ("n/a").
+before and after the models; see memory_bandwidth). Our strategies of one checkpoint are loaded
+together and their decode tokens timed interleaved in --rounds rounds (benchmarks/_timing.py), so
+that the ratios between them (int8 against fp32) do not depend on the machine's bandwidth drifting
+between one strategy's turn and the next; upstream's strategies run one per subprocess. Each row
+prints both figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a
+share of the measured bandwidth, and against the bandwidth measured right after that checkpoint's
+interleaved decode. Upstream's v7 class has no int8 ("n/a").
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._timing import time_model  # noqa: E402
+from benchmarks._timing import time_models  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint  # noqa: E402
 
@@ -134,11 +137,14 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-def bench_ours(path: str, strategy: str, decode: int, prefill: int) -> dict:
+def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int) -> dict:
+    """Every strategy of one checkpoint loaded at once and timed interleaved (time_models), so the
+    ratios between our strategies do not depend on when each ran. strategy -> timings and bytes."""
     from rwkv.model import RWKV
 
-    m = RWKV(path, strategy, verbose=False)
-    return {**time_model(m, VOCAB, prefill, decode), "bytes": weight_bytes_per_token(m)}
+    models = {s: RWKV(path, s, verbose=False) for s in strategies}
+    res = time_models(models, VOCAB, prefill, decode, rounds)
+    return {s: {**res[s], "bytes": weight_bytes_per_token(m)} for s, m in models.items()}
 
 
 def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool) -> dict:
@@ -161,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--versions", default="4,6,7")
     p.add_argument("--strategies", default="cpu fp32,cpu bf16,cpu fp32i8,cpu bf16i8")
     p.add_argument("--decode", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=10,
+                   help="our strategies' decode tokens are timed interleaved in this many rounds (1: one after another)")
     p.add_argument("--upstream-decode", type=int, default=None, help="tokens for upstream (default: --decode)")
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
@@ -183,10 +191,11 @@ def main(argv=None) -> int:
                                      **SIZES[size])
                 save_checkpoint(path, sd)
                 del sd
-            for strategy in a.strategies.split(","):
-                strategy = strategy.strip()
-                ours = bench_ours(str(path), strategy, a.decode, a.prefill)
-                local_bw = adjacent.measure()
+            strategies = [s.strip() for s in a.strategies.split(",")]
+            ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds)
+            local_bw = adjacent.measure()  # right after the interleaved decode: one figure per checkpoint
+            for strategy in strategies:
+                ours = ours_all[strategy]
                 up = {"error": "skipped"}
                 if not a.no_upstream:
                     if version == "7" and "i8" in strategy:
