@@ -44,12 +44,12 @@ def _compiled(name: str, dispatch_key: str) -> bool:
     return _backend.has_kernel(name, dispatch_key)
 
 
-def fused_cpu_op(name: str, dd: LayerPlacement, mode: str):
-    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 activations (what the fused
-    ops take), or None: kernels="reference", other devices or dtypes, or no compiled kernel. The
-    caller then runs the op's math as torch ops, with the bits it always had."""
+def fused_cpu_op(name: str, dd: LayerPlacement, mode: str, *params: torch.Tensor):
+    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 activations and fp32
+    ``params`` (what the fused ops take), or None: kernels="reference", other devices or dtypes, or
+    no compiled kernel. The caller then runs the op's math as torch ops, with the bits it always had."""
     if (torch.device(dd.device).type == "cpu" and mode != "reference" and dd.atype == torch.float32
-            and _compiled(name, "CPU")):
+            and all(t.dtype == torch.float32 for t in params) and _compiled(name, "CPU")):
         return ops.resolve(name, "cpu", mode)
     return None
 
@@ -69,10 +69,8 @@ class LnMix:
         self.mix, rmix = stacked_mixes(mixes)
         self.rmix = rmix if lerp else None
         self.lerp = lerp
-        self.op = fused_cpu_op("ln_mix", dd, mode)
         self.rows = self.mix.squeeze(1)  # [n, C], the op's layout
-        if any(t.dtype != torch.float32 for t in (self.ln_w, self.ln_b, self.rows)):
-            self.op = None
+        self.op = fused_cpu_op("ln_mix", dd, mode, self.ln_w, self.ln_b, self.rows)
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor) -> tuple:
         if self.op is not None:
@@ -129,6 +127,7 @@ class Projection:
     def _use_one(self, name: str) -> None:
         self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
         self._one = ops.resolve(name, self.device.type, self._mode)
+        self._one_act = name == "mm8_one_i16"  # it applies the activation itself
 
     def use_exact_int8(self) -> None:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
@@ -147,7 +146,7 @@ class Projection:
         # share of one-token decode time goes to such per-op overheads).
         if self.int8:
             if x.shape[0] == 1:
-                if self.one_token_op == "mm8_one_i16":
+                if self._one_act:
                     return self._one(x.view(-1), W, *side, act).view(1, -1), True
                 return self._one(x.view(-1), W, *side).view(1, -1), False
             return self._seq(x, W, *side), False

@@ -80,8 +80,8 @@ class TimeMixV6(TimeMixV5):
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
-        self.maa_op = fused_cpu_op("maa_mix", dd, mode)
         self.maa_rows = self.maa.squeeze(1)  # [5, C], the op's layout
+        self.maa_op = fused_cpu_op("maa_mix", dd, mode, self.maa_w2, self.maa_rows)
         self.block = fused_cpu_op("wkv6_block", dd, mode)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
