@@ -84,3 +84,13 @@ def test_activation_code_out_of_range(op, impl, act, rng):
     with pytest.raises(RuntimeError, match=rf"{op}: act must be 0 \(none\), 1 \(sigmoid\), 2 \(relu squared\), "
                                            rf"3 \(tanh\) or 4 \(silu\), got {act}"):
         fn(*inputs(op, rng), act)
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_linear_one_activation_cuda(act, rng):
+    """CUDA linear_one (bf16) applies the activation too: the same check as on CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    fn = compiled_or_skip("linear_one", "cuda")
+    x, w = inputs("linear_one", rng, torch.bfloat16)
+    check(fn, (x.cuda(), w.cuda()), ACTIVATIONS[act])
