@@ -214,6 +214,17 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
   return {N, M};
 }
 
+// A token-shift op's float32 activation `name` [T, C] and its shift state sx [C]; returns {T, C}.
+inline std::pair<int64_t, int64_t> check_activation_and_shift(const char* op, const char* name,
+                                                              const at::Tensor& x,
+                                                              const at::Tensor& sx) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+              dtype_name(x.scalar_type()));
+  TORCH_CHECK(x.dim() == 2, op, ": ", name, " must have shape [T, C], got ", x.sizes());
+  check_channel_vectors(op, {{"sx", &sx}}, x.size(1));
+  return {x.size(0), x.size(1)};
+}
+
 struct LnMixDims { int64_t T, C, n; };
 
 // ln_mix: x [T, C]; sx, w, b [C]; mix [n, C]; all float32.
@@ -221,10 +232,8 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
                               const at::Tensor& b, const at::Tensor& mix) {
   const char* op = "ln_mix";
   check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
-  RWKV_CHECK_DTYPE(op, x, at::kFloat);
-  RWKV_CHECK_DIM(op, x, "[T, C]", 2);
-  const int64_t T = x.size(0), C = x.size(1);
-  check_channel_vectors(op, {{"sx", &sx}, {"w", &w}, {"b", &b}}, C);
+  const auto [T, C] = check_activation_and_shift(op, "x", x, sx);
+  check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
   RWKV_CHECK_DTYPE(op, mix, at::kFloat);
   RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
   const int64_t n = mix.size(0);
@@ -239,10 +248,7 @@ inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, cons
                                 const at::Tensor& w2, const at::Tensor& maa) {
   const char* op = "maa_mix";
   check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
-  RWKV_CHECK_DTYPE(op, xx, at::kFloat);
-  RWKV_CHECK_DIM(op, xx, "[T, C]", 2);
-  const int64_t T = xx.size(0), C = xx.size(1);
-  check_channel_vectors(op, {{"sx", &sx}}, C);
+  const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
   RWKV_CHECK_DTYPE(op, w2, at::kFloat);
   RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
   const int64_t n = w2.size(0), D = w2.size(1);

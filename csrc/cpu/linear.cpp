@@ -13,6 +13,7 @@
 #include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
 
 namespace rwkv {
 namespace cpu {
@@ -27,12 +28,8 @@ at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w, int64_t act) {
   at::Tensor y = at::empty({d.M}, x32.options());
   const KernelTable& kt = kernels();
   const bool sequential = read_sequential();
-  // Blocks of 16 columns keep the kernel's 4-column groups whole; a task gets >= ~64k MACs.
-  constexpr int64_t kBlock = 16;
-  const int64_t blocks = (d.M + kBlock - 1) / kBlock;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, d.N * kBlock));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    const int64_t m0 = b0 * kBlock, m1 = std::min(d.M, b1 * kBlock);
+  // Blocks of 16 columns keep the kernel's 4-column groups whole.
+  for_blocks(d.M, 16, d.N, [&](int64_t m0, int64_t m1) {
     if (w.scalar_type() == at::kFloat) {
       kt.linear_one_f32(d.N, m0, m1, x32.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(),
                         sequential);

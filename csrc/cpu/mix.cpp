@@ -16,6 +16,7 @@
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
 
 namespace rwkv {
 namespace cpu {
@@ -62,12 +63,9 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
   const float* zp = zc.data_ptr<float>();
   for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
   const KernelTable& kt = kernels();
-  // Blocks of 64 channels; a task gets >= ~64k multiply-adds.
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (d.C + kBlock - 1) / kBlock;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, d.T * d.n * d.D * kBlock));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    kt.maa_mix(d.T, d.C, d.n, d.D, b0 * kBlock, std::min(d.C, b1 * kBlock), xc.data_ptr<float>(),
+  // Blocks of 64 channels.
+  for_blocks(d.C, 64, d.T * d.n * d.D, [&](int64_t c0, int64_t c1) {
+    kt.maa_mix(d.T, d.C, d.n, d.D, c0, c1, xc.data_ptr<float>(),
                sxc.data_ptr<float>(), zt.data(), wc.data_ptr<float>(), mc.data_ptr<float>(),
                out.data_ptr<float>());
   });

@@ -18,6 +18,7 @@
 #include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
 
 namespace rwkv {
 namespace cpu {
@@ -135,16 +136,10 @@ Mm8Prepared mm8_prepare(const char* op, bool seq, const at::Tensor& x, const at:
   return p;
 }
 
-// Blocks of 16 output columns keep the kernels' column groups whole; a task gets >= ~64k MACs.
-constexpr int64_t kBlock = 16;
-
+// Blocks of 16 output columns keep the kernels' column groups whole.
 template <class F>
 void for_column_blocks(int64_t T, int64_t N, int64_t M, const F& body) {
-  const int64_t blocks = (M + kBlock - 1) / kBlock;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, T * N * kBlock));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    body(b0 * kBlock, std::min(M, b1 * kBlock));
-  });
+  for_blocks(M, 16, T * N, body);
 }
 
 // The fp32 loop of kernels/mm8.h for every row of p.

@@ -72,6 +72,15 @@ def _check_channel_vectors(op: str, names: Sequence[str], tensors: Sequence[torc
         check_shape(op, name, t, "[C]", (C,))
 
 
+def _check_activation_and_shift(op: str, name: str, x: torch.Tensor, sx: torch.Tensor) -> tuple:
+    """A token-shift op's fp32 activation ``name`` [T, C] and its shift state sx [C]; returns (T, C)."""
+    check_dtype(op, name, x, torch.float32)
+    check_dim(op, name, x, "[T, C]", 2)
+    T, C = int(x.shape[0]), int(x.shape[1])
+    _check_channel_vectors(op, ("sx",), (sx,), C)
+    return T, C
+
+
 def _check_state_and_r(op: str, state: torch.Tensor, r: torch.Tensor) -> tuple:
     """The [H, N, N] fp32 contiguous state of wkv5/6/7 and the fp32 [T, H*N] r; returns (T, H, N)."""
     check_dtype(op, "state", state, torch.float32)
@@ -170,10 +179,8 @@ def validate_ln_mix(x, sx, w, b, mix) -> tuple:
     """Checks ln_mix's arguments; returns (T, C, n)."""
     op = "ln_mix"
     check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
-    check_dtype(op, "x", x, torch.float32)
-    check_dim(op, "x", x, "[T, C]", 2)
-    T, C = int(x.shape[0]), int(x.shape[1])
-    _check_channel_vectors(op, ("sx", "w", "b"), (sx, w, b), C)
+    T, C = _check_activation_and_shift(op, "x", x, sx)
+    _check_channel_vectors(op, ("w", "b"), (w, b), C)
     check_dtype(op, "mix", mix, torch.float32)
     check_dim(op, "mix", mix, "[n, C]", 2)
     n = int(mix.shape[0])
@@ -185,10 +192,7 @@ def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
     """Checks maa_mix's arguments; returns (T, C, n, D)."""
     op = "maa_mix"
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
-    check_dtype(op, "xx", xx, torch.float32)
-    check_dim(op, "xx", xx, "[T, C]", 2)
-    T, C = int(xx.shape[0]), int(xx.shape[1])
-    _check_channel_vectors(op, ("sx",), (sx,), C)
+    T, C = _check_activation_and_shift(op, "xx", xx, sx)
     check_dtype(op, "w2", w2, torch.float32)
     check_dim(op, "w2", w2, "[n, D, C]", 3)
     n, D = int(w2.shape[0]), int(w2.shape[1])
