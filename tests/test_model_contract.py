@@ -218,6 +218,35 @@ def test_exact_int8_switch(paths, v, monkeypatch):
         RWKV(paths[v], "cpu fp32i8", verbose=False, exact_int8="yes")
 
 
+@pytest.mark.parametrize("v", VERSIONS)
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+def test_grouped_products_equal_separate_products(paths, v, strategy):
+    """One-token decode puts each layer's independent products into linear_one_group calls; the
+    logits and state are those of the separate product calls, bit for bit."""
+    from rwkv import ops
+    from rwkv.models.common import ProjectionGroup
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    grouped = RWKV(paths[v], strategy, verbose=False)
+    separate = RWKV(paths[v], strategy, verbose=False)
+    groups = [g for m in separate._rt.att + separate._rt.ffn for g in vars(m).values()
+              if isinstance(g, ProjectionGroup)]
+    assert len(groups) == 2 * CFG["n_layer"] and all(g.op is not None for g in groups)
+    for g in groups:
+        g.op = None
+    calls = []
+    real = ops.resolve("linear_one_group", "cpu")
+    for g in (g for m in grouped._rt.att + grouped._rt.ffn for g in vars(m).values()
+              if isinstance(g, ProjectionGroup)):
+        g.op = lambda *args, _op=real: calls.append(1) or _op(*args)
+    _, s = grouped.forward([1, 2, 3], None)
+    a, sa = grouped.forward([5], _clone(s))
+    b, sb = separate.forward([5], _clone(s))
+    assert len(calls) == len(groups)  # every group made its one call
+    assert torch.equal(a, b)
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
+
+
 def test_verbose_plan_names_the_int8_decode_op(paths, capsys):
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:

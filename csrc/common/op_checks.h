@@ -199,8 +199,9 @@ inline bool column_major(const at::Tensor& w) {
 struct LinearDims { int64_t N, M; };
 
 // linear_one: x [N] and w [N, M] both bf16 or both fp32, w column-major (w.t() contiguous).
-inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w) {
-  const char* op = "linear_one";
+// `op` names the op in messages (linear_one_group names the product).
+inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w,
+                                   const char* op = "linear_one") {
   check_same_device(op, {{"x", &x}, {"w", &w}});
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, op,
               ": x must be bfloat16 or float32, got ", dtype_name(x.scalar_type()));

@@ -1,24 +1,54 @@
 // Splitting a kernel's independent units (output columns, channels) between threads, for the
 // CPU glue: blocks of `block` units, so the kernels' unit groups stay whole, and at least ~64k
-// multiply-adds per task (`work_per_unit` of them per unit), so small ops stay on one thread.
+// units of work (multiply-adds, or bytes read) per task, so small ops stay on one thread.
 #pragma once
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace rwkv {
 namespace cpu {
 
-// Calls body(u0, u1) on sub-ranges of [0, n) whose bounds are multiples of `block` (or n).
+// Several members' units (a group's products, each with its own columns): their blocks laid end
+// to end, member after member, and cut into one contiguous run per task at equal shares of the
+// work (member i's units cost work[i] each). Calls body(i, u0, u1) for the sub-ranges of member
+// i's [0, units[i]) of each task, whose bounds are multiples of `block` (or units[i]). Each
+// thread thus reads one run of consecutive memory across the members, whatever their sizes.
+template <class F>
+void for_member_blocks(const std::vector<int64_t>& units, const std::vector<int64_t>& work,
+                       int64_t block, const F& body) {
+  const size_t n = units.size();
+  std::vector<int64_t> base(n + 1, 0);  // the work before member i's first block
+  for (size_t i = 0; i < n; ++i) base[i + 1] = base[i] + units[i] * std::max<int64_t>(1, work[i]);
+  const int64_t total = base[n];
+  if (total == 0) return;
+  const int64_t tasks = std::clamp<int64_t>(total / 65536, 1, at::get_num_threads());
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    // The blocks whose first unit's work offset lies in [lo, hi) are this range's.
+    const int64_t lo = total / tasks * t0 + std::min(t0, total % tasks);
+    const int64_t hi = total / tasks * t1 + std::min(t1, total % tasks);
+    for (size_t i = 0; i < n; ++i) {
+      if (base[i + 1] <= lo || base[i] >= hi || units[i] == 0) continue;
+      const int64_t step = block * std::max<int64_t>(1, work[i]);  // the work of one block
+      const int64_t blocks = (units[i] + block - 1) / block;
+      auto first_block_from = [&](int64_t offset) {  // ceil((offset - base) / step), clamped
+        return std::clamp<int64_t>((offset - base[i] + step - 1) / step, 0, blocks);
+      };
+      const int64_t b0 = first_block_from(lo), b1 = first_block_from(hi);
+      if (b0 < b1) body(i, b0 * block, std::min(units[i], b1 * block));
+    }
+  });
+}
+
+// One member: calls body(u0, u1) on sub-ranges of [0, n) whose bounds are multiples of `block`
+// (or n); each unit costs work_per_unit.
 template <class F>
 void for_blocks(int64_t n, int64_t block, int64_t work_per_unit, const F& body) {
-  const int64_t blocks = (n + block - 1) / block;
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_unit * block));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    body(b0 * block, std::min(n, b1 * block));
-  });
+  for_member_blocks({n}, {work_per_unit}, block,
+                    [&](size_t, int64_t u0, int64_t u1) { body(u0, u1); });
 }
 
 }  // namespace cpu

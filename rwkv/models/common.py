@@ -129,6 +129,14 @@ class Projection:
         self._one = ops.resolve(name, self.device.type, self._mode)
         self._one_act = name == "mm8_one_i16"  # it applies the activation itself
 
+    @property
+    def groupable(self) -> bool:
+        """Whether this product's one-token case may join a linear_one_group call (whose members
+        are linear_one and mm8_one_i16 products): one CPU matrix whose one-token op is one of those."""
+        if self.slabs is not None:
+            return False
+        return self._one_act if self.int8 else self._dense_one is not None
+
     def use_exact_int8(self) -> None:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
         if self.int8:
@@ -172,6 +180,35 @@ class Projection:
         if not done:
             y = activate(y, code)
         return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
+
+
+class ProjectionGroup:
+    """Independent products of the same token: ``__call__(xs)`` returns [proj(x, out_dtype, act)
+    for each member (proj, act, out_dtype) and x of xs], the same values. For one token on CPU,
+    when every member's one-token product is a compiled linear_one or mm8_one_i16, that is one
+    call of ``linear_one_group``: while decoding, each call costs tens of microseconds beyond its
+    weight's reading (its code and data come back into caches the weights have just flushed), so
+    a layer's k, v, r, g projections and low-rank first factors cost one call, not several."""
+
+    def __init__(self, members: list, mode: str):
+        self.projs = [p for p, _, _ in members]
+        self.members = members
+        self.acts = [ACTIVATIONS[a] if a else 0 for _, a, _ in members]
+        self.out_dtypes = [od for _, _, od in members]
+        self.weights = [p.weight for p in self.projs]
+        self.side = [t for p in self.projs for t in p.side]
+        self.op = None
+        if mode != "reference" and all(p.device.type == "cpu" for p in self.projs) \
+                and _compiled("linear_one_group", "CPU"):
+            self.op = ops.resolve("linear_one_group", "cpu", mode)
+
+    def __call__(self, xs: list) -> list:
+        if (self.op is not None and xs[0].shape[0] == 1 and all(p.groupable for p in self.projs)
+                and all(x.dtype == p.weight.dtype for x, p in zip(xs, self.projs) if not p.int8)):
+            ys = self.op([x.view(-1) for x in xs], self.weights, self.side, self.acts)
+            return [y.view(1, -1) if od is None or y.dtype == od else y.view(1, -1).to(od)
+                    for y, od in zip(ys, self.out_dtypes)]
+        return [p(x, od, act) for (p, act, od), x in zip(self.members, xs)]
 
 
 def _slab_side(side: tuple, r0: int, r1: int) -> tuple:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import LnMix, Projection
+from .common import LnMix, Projection, ProjectionGroup
 
 
 class ChannelMix:
@@ -24,12 +24,12 @@ class ChannelMix:
         self.value = Projection(w, p + "ffn.value.weight", dd, mode, stream)
         if version != 7:
             self.receptance = Projection(w, p + "ffn.receptance.weight", dd, mode, stream)
+            self.rk = ProjectionGroup([(self.receptance, "sigmoid", None), (self.key, "relu2", None)], mode)
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor):
         xx, mixed = self.ln_mix(x, sx)
         if self.version == 7:
             return x + self.value(self.key(mixed[0], act="relu2")), xx[-1]
         kx, rx = mixed.unbind(0)
-        r = self.receptance(rx, act="sigmoid")
-        h = self.key(kx, act="relu2")
+        r, h = self.rk([rx, kx])
         return x + r * self.value(h), xx[-1]

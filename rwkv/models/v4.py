@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .common import LnMix, Projection
+from .common import LnMix, Projection, ProjectionGroup
 
 
 class TimeMixV4:
@@ -16,14 +16,14 @@ class TimeMixV4:
         self.key, self.value, self.receptance, self.output = (
             Projection(w, p + f"att.{n}.weight", dd, mode, stream)
             for n in ("key", "value", "receptance", "output"))
+        self.rkv = ProjectionGroup([(self.receptance, "sigmoid", None), (self.key, None, torch.float32),
+                                    (self.value, None, torch.float32)], mode)
         self.wkv = ops.resolve("wkv4_forward", torch.device(dd.device).type, mode)
 
     def __call__(self, x, sx, aa, bb, pp):
         """aa, bb, pp are private copies (updated in place by the kernel)."""
         xx, mixed = self.ln_mix(x, sx)
         kx, vx, rx = mixed.unbind(0)
-        r = self.receptance(rx, act="sigmoid")
-        k = self.key(kx, torch.float32)
-        v = self.value(vx, torch.float32)
+        r, k, v = self.rkv([rx, kx, vx])
         y = self.wkv(self.decay, self.first, k.contiguous(), v.contiguous(), aa, bb, pp)
         return x + self.output(r * y.to(x.dtype)), xx[-1]

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops.reference import maa_mix_math, wkv6_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op, stacked_mixes
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op, stacked_mixes
 
 
 class TimeMixV5:
@@ -28,6 +28,11 @@ class TimeMixV5:
         shape = (self.H, self.N)
         self.first = w[p + "att.time_first"].expand(self.H, self.N, 1).reshape(shape).contiguous()
         self._load_mixes(w, p, dd, mode)
+        f32 = torch.float32
+        members = [(self.receptance, None, f32), (self.key, None, f32), (self.value, None, f32)]
+        members += [(self.gate, "silu", None)] if self.gated else []
+        members += self._extra_members()
+        self.products = ProjectionGroup(members, mode)
         self.wkv = ops.resolve(self.op_name, torch.device(dd.device).type, mode)
 
     def _load_mixes(self, w, p, dd, mode):
@@ -35,16 +40,17 @@ class TimeMixV5:
         self.ln_mix = LnMix(w, p + "ln1", [w[p + f"att.time_mix_{c}"] for c in names], True, dd, mode)
         self.decay = w[p + "att.time_decay"].expand(self.H, self.N, 1).reshape(self.H, self.N).contiguous()
 
+    def _extra_members(self) -> list:
+        """Products of the same token besides r, k, v, g (RWKV-6: the decay's first factor)."""
+        return []
+
     def _inputs(self, x, sx):
         """Returns xx (ln1 of x; its last row is the new shift state) and the inputs of _block:
         r, k, v (fp32, [T, A]), the gate (atype or None) and the decay input."""
         xx, mixed = self.ln_mix(x, sx)
-        mixed = mixed.unbind(0)
-        r = self.receptance(mixed[2], torch.float32)
-        k = self.key(mixed[0], torch.float32)
-        v = self.value(mixed[1], torch.float32)
-        g = self.gate(mixed[3], act="silu") if self.gated else None
-        return xx, (r, k, v, g, self.decay)
+        mixed = mixed.unbind(0)  # k, v, r(, g)
+        r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + list(mixed[3:]))
+        return xx, (r, k, v, g[0] if g else None, self.decay)
 
     def __call__(self, x, sx, S):
         """S is a private copy (updated in place by the kernel)."""
@@ -94,11 +100,11 @@ class TimeMixV6(TimeMixV5):
         else:
             mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa)
         wx, kx, vx, rx, gx = mixed.unbind(0)  # (5, T, C): w, k, v, r, g
-        r = self.receptance(rx, torch.float32)
-        k = self.key(kx, torch.float32)
-        v = self.value(vx, torch.float32)
-        g = self.gate(gx, act="silu")
-        return xx, (r, k, v, g, self.decay_w2(self.decay_w1(wx, act="tanh")).float())
+        r, k, v, g, w1 = self.products([rx, kx, vx, gx, wx])
+        return xx, (r, k, v, g, self.decay_w2(w1).float())
+
+    def _extra_members(self) -> list:
+        return [(self.decay_w1, "tanh", None)]
 
     def _block(self, S, r, k, v, g, w, dtype):
         if self.block is not None:

@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, fused_cpu_op
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -36,6 +36,14 @@ class TimeMixV7:
         self.param_rows = self.params.unbind(0)  # for wkv7_block_math
         self.receptance, self.key, self.value, self.output = (
             Projection(w, a + f"{n}.weight", dd, mode, stream) for n in ("receptance", "key", "value", "output"))
+        # The products of the mixed inputs, then those of the low-rank first factors' outputs.
+        first = [(self.receptance, None, None), (self.w1, "tanh", None), (self.key, None, None),
+                 (self.value, None, None), (self.a1, None, None), (self.g1, "sigmoid", None)]
+        second = [(self.w2, None, None), (self.a2, None, None), (self.g2, None, None)]
+        if i > 0:
+            first.append((self.v1, None, None))
+            second.append((self.v2, None, None))
+        self.first_products, self.second_products = ProjectionGroup(first, mode), ProjectionGroup(second, mode)
         self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
         self.block = fused_cpu_op("wkv7_block", dd, mode)
 
@@ -43,17 +51,13 @@ class TimeMixV7:
         """S is a private copy (updated in place by the kernel). Returns (x + out, shift, v_first)."""
         xa, mixed = self.ln_mix(x, sx)
         xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
-        r = self.receptance(xr)
-        w = self.w2(self.w1(xw, act="tanh"))
-        k = self.key(xk)
-        v = self.value(xv)
-        a = self.a2(self.a1(xaa))
-        g = self.g2(self.g1(xg, act="sigmoid"))
+        r, w1, k, v, a1, g1, *v1 = self.first_products([xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
+        w, a, g, *v_gate = self.second_products([w1, a1, g1] + v1)
         if self.layer == 0:
             v_first, v_gate, vf = v, None, None
         else:
             v_first = vf = v_first.to(device=v.device, dtype=v.dtype)
-            v_gate = self.v2(self.v1(xv))
+            v_gate = v_gate[0]
         if self.block is not None:
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.params, GROUP_NORM_EPS)
         else:

@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -107,3 +107,12 @@ def linear_one(x: Tensor, w: Tensor, act: int = 0, *, mode: str = "auto") -> Ten
     """x [N] @ w [N, M], both bf16 or both fp32 (column-major: w.t() contiguous), fp32
     accumulation, then the activation code ``act`` (``_checks.ACTIVATIONS``; 0: none)."""
     return resolve("linear_one", x.device.type, mode)(x, w, act)
+
+
+def linear_one_group(x: list, w: list, side: list, act: list, *, mode: str = "auto") -> list:
+    """Several one-token products in one call: y[i] = linear_one(x[i], w[i], act[i]) for a bf16 or
+    fp32 w[i], mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) for a uint8 one, whose side
+    tensors are the next four of ``side``. Returns the list of y."""
+    if not x:  # no tensor to dispatch on: the reference says what is wrong
+        return reference.linear_one_group(x, w, side, act)
+    return resolve("linear_one_group", x[0].device.type, mode)(x, w, side, act)

@@ -234,9 +234,8 @@ def validate_gemm_fp16(a, b) -> tuple:
     return T, K, M
 
 
-def validate_linear_one(x, w) -> tuple:
-    """Checks linear_one's arguments; returns (N, M)."""
-    op = "linear_one"
+def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
+    """Checks linear_one's arguments; returns (N, M). ``op`` names the op in messages."""
     check_same_device(op, ("x", "w"), (x, w))
     torch._check(x.dtype in (torch.bfloat16, torch.float32),
                  lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
@@ -249,3 +248,36 @@ def validate_linear_one(x, w) -> tuple:
                  lambda: f"{op}: w must be column-major (w.t() contiguous), got strides "
                          f"{list(w.stride())}")
     return N, M
+
+
+def linear_one_group_members(x, w, side) -> list:
+    """linear_one_group's products as (op name, x, w, (mx, rx, my, ry) or None): side holds the
+    side tensors of each uint8 w in turn. Checks side's length."""
+    op = "linear_one_group"
+    n8 = sum(t.dtype == torch.uint8 for t in w)
+    torch._check(len(side) == 4 * n8,
+                 lambda: f"{op}: side must hold mx, rx, my, ry of each uint8 w, in order: {4 * n8} "
+                         f"tensors for {n8}, got {len(side)}")
+    members, s = [], 0
+    for i, (xi, wi) in enumerate(zip(x, w)):
+        q = wi.dtype == torch.uint8
+        members.append((f"{op} (product {i})", xi, wi, tuple(side[s:s + 4]) if q else None))
+        s += 4 if q else 0
+    return members
+
+
+def validate_linear_one_group(x, w, side, act) -> list:
+    """Checks linear_one_group's arguments; returns (N, M) of each product."""
+    op = "linear_one_group"
+    torch._check(len(x) > 0, lambda: f"{op}: needs at least one product, got none")
+    torch._check(len(w) == len(x) and len(act) == len(x),
+                 lambda: f"{op}: x, w and act must have the same length (one entry per product), "
+                         f"got {len(x)}, {len(w)} and {len(act)}")
+    dims = []
+    for (name, xi, wi, side_i), a in zip(linear_one_group_members(x, w, side), act):
+        if side_i is None:
+            dims.append(validate_linear_one(xi, wi, name))
+        else:
+            dims.append(validate_mm8(name, xi, wi, *side_i, "[N]", 1))
+        check_act(name, a)
+    return dims

@@ -180,6 +180,18 @@ def _linear_one_fake(x, w, act=0):
     return x.new_empty((M,))
 
 
+# Several one-token products in one call (CPU): product i is linear_one(x[i], w[i], act[i]) for
+# a bf16/fp32 w[i], mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) for a uint8 w[i], whose mx,
+# rx, my, ry are the next four tensors of side (side: 4 per uint8 w, in order). Returns each y.
+_define("linear_one_group", "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one_group")
+def _linear_one_group_fake(x, w, side, act):
+    dims = _checks.validate_linear_one_group(x, w, side, act)
+    return [xi.new_empty((M,)) for xi, (N, M) in zip(x, dims)]
+
+
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
 # the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
@@ -191,4 +203,5 @@ _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one")
+       "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
+       "linear_one_group")

@@ -306,3 +306,12 @@ def linear_one(x, w, act=0):
     _checks.validate_linear_one(x, w)
     _checks.check_act("linear_one", act)
     return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)
+
+
+def linear_one_group(x, w, side, act):
+    """Several one-token products: for each i, linear_one(x[i], w[i], act[i]) when w[i] is bf16 or
+    fp32, mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) when it is uint8, its mx, rx, my, ry
+    being the next four tensors of ``side``. Returns the list of results."""
+    _checks.validate_linear_one_group(x, w, side, act)
+    return [linear_one(xi, wi, a) if side_i is None else mm8_one_i16(xi, wi, *side_i, a)
+            for (_, xi, wi, side_i), a in zip(_checks.linear_one_group_members(x, w, side), act)]

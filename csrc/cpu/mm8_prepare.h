@@ -1,0 +1,72 @@
+// What the int8 product glue shares (cpu/mm8.cpp: mm8_one, mm8_seq; cpu/one_token.cpp:
+// mm8_one_i16 and the int8 members of linear_one_group): the checked inputs in fp32, w as
+// column-major [N, M], xs = x*ry and the per-row sums of kernels/mm8.h, and the fp32 loop.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+#include "common/op_checks.h"
+
+namespace rwkv {
+namespace cpu {
+
+struct Mm8Prepared {
+  int64_t T, N, M;
+  at::Tensor x32, mx32, rx32, q;
+  at::Tensor xs_t, sums_t;  // defined for sequences only
+  float* xs;                // [T, N]
+  float* sums;              // [T, 3]
+};
+
+// A buffer that grows on demand, 64-byte aligned so that full-width vector loads never straddle
+// a cache line (as with at::empty's memory). The one-token glue keeps one per thread: two tensor
+// allocations per call would be a measurable share of a small product's time.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(ptr_); }
+  template <class T>
+  T* get(int64_t n) {
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) / 64 * 64;
+    if (bytes > size_) {
+      void* fresh = std::aligned_alloc(64, bytes);
+      if (fresh == nullptr) throw std::bad_alloc();
+      std::free(ptr_);
+      ptr_ = fresh;
+      size_ = bytes;
+    }
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// t itself when fp32 and contiguous, else an fp32 contiguous copy.
+at::Tensor fp32(const at::Tensor& t);
+
+// y (fp32) in x's dtype.
+at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x);
+
+// Prepares arguments that passed check_mm8 (which gave d). Sequences (seq) keep xs and the sums
+// in tensors (the tiled path hands them to at::mm); one token (x [N]) writes them to
+// `one_token_buf`, which must hold mm8_one_token_floats(N) floats, 64-byte aligned.
+Mm8Prepared mm8_prepare(const Mm8Dims& d, bool seq, const at::Tensor& x, const at::Tensor& w,
+                        const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
+                        const at::Tensor& ry, float* one_token_buf);
+
+// The floats mm8_prepare's one-token buffer needs: xs [N], padded to 64 bytes, then the 3 sums.
+inline int64_t mm8_one_token_floats(int64_t N) { return (N + 15) / 16 * 16 + 16; }
+
+// The fp32 loop of kernels/mm8.h on output columns [m0, m1) of every row of p; y [T, M] fp32.
+void mm8_columns(const Mm8Prepared& p, int64_t m0, int64_t m1, float* y);
+
+}  // namespace cpu
+}  // namespace rwkv
