@@ -21,6 +21,7 @@ from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7
 from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
 from .models.base import Runtime, StateError, TokenError
 from .models.common import _compiled
+from .models.cpu_graph import CPUGraphDecoder, want_graph
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 
@@ -152,12 +153,14 @@ class RWKV(torch.nn.Module):
     below the int8 weight's own, docs/kernels.md); ``rescale_layer`` overrides
     ``RWKV_RESCALE_LAYER``; ``cuda_graph=True``
     replays a CUDA graph for one-token calls (one CUDA device, no streaming, else ``ValueError``;
-    see ``rwkv/models/cuda_graph.py``).
+    see ``rwkv/models/cuda_graph.py``); ``cpu_graph`` (None: where supported, unless
+    ``RWKV_CPU_GRAPH=0``; True: required; False: off) runs one-token calls on CPU as a traced graph
+    (same results, less Python per token; ``rwkv/models/cpu_graph.py``).
     """
 
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
                  kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
-                 exact_int8: bool | None = None):
+                 exact_int8: bool | None = None, cpu_graph: bool | None = None):
         super().__init__()
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
@@ -165,6 +168,7 @@ class RWKV(torch.nn.Module):
             raise TypeError(f"RWKV: exact_int8 must be True, False or None, got {exact_int8!r}")
         env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
+        use_cpu_graph = want_graph(cpu_graph, plan, mode, strat.normalized)
         if convert_and_save_and_exit is None:
             _check_devices(strat)  # converting needs no device, like upstream's convert_model.py
         if convert_and_save_and_exit is not None and info.converted:
@@ -205,6 +209,8 @@ class RWKV(torch.nn.Module):
         self._rt = Runtime(info, w, plan, rescale, mode, self.exact_int8)
         self.cuda_graph = cuda_graph
         self._graph = CudaGraphDecoder(self._rt, graph_dev) if cuda_graph else None
+        if use_cpu_graph:
+            self._graph = CPUGraphDecoder(self._rt, explicit=cpu_graph is True)
         if verbose:
             self._print_plan(plan)
 

@@ -14,7 +14,7 @@ import torch
 
 from ..loading import ModelInfo
 from ..strategy import LayerPlacement
-from .common import Projection, concrete_device, layer_norm, projections
+from .common import Projection, concrete_device, layer_norm, projections, rows
 from .ffn import ChannelMix
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
@@ -154,7 +154,7 @@ class Runtime:
         v_first = None
         # Shift states are the last row of a [T, C] activation; for T > 1 keep a copy of the row, not
         # a view that would pin (and make copy.deepcopy duplicate) the whole activation.
-        own = (lambda t: t.clone()) if x.shape[0] > 1 else (lambda t: t)  # noqa: E731
+        own = (lambda t: t.clone()) if rows(x) > 1 else (lambda t: t)  # noqa: E731
         for i in range(info.n_layer):
             dd, dev = self.plan[i], self.devices[i]
             x = x.to(dtype=dd.atype, device=dev)
@@ -181,6 +181,6 @@ class Runtime:
         x = x.to(dtype=hd.atype, device=self.devices[info.n_layer])
         x = layer_norm(x, *self.ln_out)
         logits = self.head(x).float()
-        if logits.shape[0] == 1:
+        if rows(logits) == 1:
             logits = logits[0]
         return logits, new_state

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._checks import ACTIVATIONS
-from ..ops.reference import activate, ln_mix_math
+from ..ops.reference import activate, ln_mix_math, rows
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
@@ -153,14 +153,14 @@ class Projection:
         # One token: the vector ops take x [N] and give [M]; view() is the cheapest reshape (a
         # share of one-token decode time goes to such per-op overheads).
         if self.int8:
-            if x.shape[0] == 1:
+            if rows(x) == 1:
                 if self._one_act:
                     return self._one(x.view(-1), W, *side, act).view(1, -1), True
                 return self._one(x.view(-1), W, *side).view(1, -1), False
             return self._seq(x, W, *side), False
         if out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True), False
-        if self._dense_one is not None and x.shape[0] == 1 and x.dtype == W.dtype:
+        if self._dense_one is not None and rows(x) == 1 and x.dtype == W.dtype:
             return self._dense_one(x.view(-1), W, act).view(1, -1), True
         return x @ W, False
 
@@ -203,7 +203,7 @@ class ProjectionGroup:
             self.op = ops.resolve("linear_one_group", "cpu", mode)
 
     def __call__(self, xs: list) -> list:
-        if (self.op is not None and xs[0].shape[0] == 1 and all(p.groupable for p in self.projs)
+        if (self.op is not None and rows(xs[0]) == 1 and all(p.groupable for p in self.projs)
                 and all(x.dtype == p.weight.dtype for x, p in zip(xs, self.projs) if not p.int8)):
             ys = self.op([x.view(-1) for x in xs], self.weights, self.side, self.acts)
             return [y.view(1, -1) if od is None or y.dtype == od else y.view(1, -1).to(od)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
-from ..ops.reference import maa_mix_math, wkv6_block_math
+from ..ops.reference import group_norm, maa_mix_math, wkv6_block_math
 from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op, stacked_mixes
 
 
@@ -60,7 +59,7 @@ class TimeMixV5:
     def _block(self, S, r, k, v, g, decay, dtype):
         """The recurrence, the group norm and the gate: the input of the output projection."""
         y = self.wkv(S, r.contiguous(), k.contiguous(), v.contiguous(), decay, self.first)
-        y = F.group_norm(y, num_groups=self.H, weight=self.lx_w, bias=self.lx_b, eps=GROUP_NORM_EPS)
+        y = group_norm(y, self.H, self.lx_w, self.lx_b, GROUP_NORM_EPS)
         y = y.to(dtype=dtype)
         return y if g is None else y * g
 

@@ -89,7 +89,7 @@ def wkv6_block_math(wkv, state, r, k, v, w, g, params, eps):
     H, N = state.shape[0], state.shape[1]
     decay = torch.exp(-torch.exp(base + w)).contiguous()
     y = wkv(state, r.contiguous(), k.contiguous(), v.contiguous(), decay, u.reshape(H, N))
-    y = F.group_norm(y, num_groups=H, weight=lx_w, bias=lx_b, eps=eps).to(dtype=g.dtype)
+    y = group_norm(y, H, lx_w, lx_b, eps).to(dtype=g.dtype)
     return y * g
 
 
@@ -118,7 +118,7 @@ def wkv7_block_math(wkv, state, r, w, k, v, a, g, v_first, v_gate, params, eps):
     decay = torch.exp(_NEG_DECAY_SCALE * torch.sigmoid((w0 + w).to(f)))
     f32 = [t.to(f).contiguous() for t in (r, k, v, -kk, kk * a)]
     y = wkv(state, f32[0], decay.contiguous(), f32[1], f32[2], f32[3], f32[4]).to(r.dtype)
-    y = F.group_norm(y, num_groups=H, weight=lx_w, bias=lx_b, eps=eps)
+    y = group_norm(y, H, lx_w, lx_b, eps)
     bonus = (r * k * r_k).view(T, H, N).sum(dim=-1, keepdim=True) * v.view(T, H, N)
     return (y + bonus.view(T, H * N)) * g
 
@@ -131,9 +131,29 @@ def wkv7_inplace_math(state, r, w, k, v, a, b):
     return y
 
 
+def group_norm(y, groups, w, b, eps):
+    """F.group_norm of y [T, C] (the same op, torch.group_norm) without F's Python batch-size
+    check, which a trace (rwkv/models/cpu_graph.py) would record as a use of a value."""
+    return torch.group_norm(y, groups, w, b, eps)
+
+
+def rows(x: torch.Tensor) -> int:
+    """x.shape[0] as a Python int, also while rwkv/models/cpu_graph.py traces the one-token forward
+    (a trace records shapes as tensors; that graph only ever runs with the traced shapes)."""
+    n = x.shape[0]
+    if type(n) is int:
+        return n
+    tracing = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        return x.shape[0]
+    finally:
+        torch._C._set_tracing_state(tracing)
+
+
 def token_shift(xx, sx):
     """Row t of the result is the previous token's row: ``[sx; xx[0..T-2]]``. xx: [T, C], sx: [C]."""
-    if xx.shape[0] == 1:
+    if rows(xx) == 1:
         return sx.unsqueeze(0)
     return torch.cat((sx.unsqueeze(0), xx[:-1]))
 

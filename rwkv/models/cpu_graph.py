@@ -1,0 +1,114 @@
+"""One-token decode on CPU as a traced graph (on by default; ``RWKV(..., cpu_graph=False)`` or
+``RWKV_CPU_GRAPH=0`` turns it off).
+
+While decoding, Python's own work between the ops is a large share of a token's time: every
+weight streamed through the caches pushes the interpreter's code and data out, so each line of
+the forward runs cold (1.5b int8 models: 5-7 ms of ~55-65 ms per token; 24-layer small models:
+a third of the time). So on the model's first one-token call, ``Runtime.run`` is traced once
+(``torch.jit.trace``) into a graph of the same ops with the same arguments, and later one-token
+calls run that graph in C++. Its results equal the op-by-op path's, bit for bit.
+
+What makes the trace valid (reviewed; keep it so): ``Runtime.run`` for one token on CPU takes no
+data-dependent Python branch (only shapes, read through ``rows()``, and the model's fixed
+configuration), and every op it calls is a torch op that the trace records: the compiled kernels
+(kernels="reference" never traces, since the reference ops decide in Python on values). As a
+safety net, the trace is refused when the tracer warns of any Python use of a tensor's value, or
+when the graph's first run differs from the traced run in any bit; the model then stays on the
+op-by-op path (with a warning when the graph was asked for explicitly).
+
+Supported: every layer and the head on CPU, compiled kernels. ``cpu_graph=True`` on another
+strategy raises ``ValueError``; the default (None) quietly uses it where supported. Sequence calls
+(more than one token) always take the op-by-op path.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from ..strategy import LayerPlacement
+
+
+def graph_unsupported(plan: list[LayerPlacement], mode: str) -> str | None:
+    """Why the CPU graph cannot run this model, or None when it can."""
+    if mode == "reference":
+        return "kernels='reference' runs the pure-torch reference ops, which decide in Python on values"
+    if any(torch.device(dd.device).type != "cpu" for dd in plan):
+        return "the strategy puts layers or the head on a device other than the CPU"
+    from ..ops import _backend
+
+    _backend._load()
+    if not _backend.has_kernel("linear_one_group", "CPU"):
+        return "the compiled CPU kernels (rwkv._C) are not available"
+    if not hasattr(torch.jit, "trace"):
+        return "this torch has no torch.jit.trace"
+    return None
+
+
+def want_graph(requested: bool | None, plan: list[LayerPlacement], mode: str, strategy: str) -> bool:
+    """Whether to build a CPUGraphDecoder: ``requested`` True (else ValueError saying why not),
+    False, or None (where supported, unless RWKV_CPU_GRAPH=0)."""
+    if requested is not None and not isinstance(requested, bool):
+        raise TypeError(f"RWKV: cpu_graph must be True, False or None, got {requested!r}")
+    why = graph_unsupported(plan, mode)
+    if requested:
+        if why is not None:
+            raise ValueError(f"RWKV: cpu_graph=True cannot be used with strategy {strategy!r}: {why}. "
+                             "Pass cpu_graph=None (use it where possible) or False.")
+        return True
+    if requested is None:
+        return why is None and os.environ.get("RWKV_CPU_GRAPH", "1").strip() != "0"
+    return False
+
+
+class CPUGraphDecoder:
+    """Runs one-token ``runtime.run`` calls as a graph traced on the first one (module docstring)."""
+
+    def __init__(self, runtime, explicit: bool):
+        self.rt = runtime
+        self.explicit = explicit  # asked for with cpu_graph=True: say so when it cannot be used
+        self.fn = None
+        self.failed: str | None = None  # why the trace was refused (then the op-by-op path runs)
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the graph out (a traced function cannot be pickled, and it
+        holds the original's weights); they trace their own on their first one-token call."""
+        return {**self.__dict__, "fn": None}
+
+    def forward_one(self, ids: torch.Tensor, state: list):
+        """ids: [1] int64, range-checked; state: a validated state list (never written). Returns
+        (logits [V] fp32, new state list), those of ``Runtime.forward``."""
+        x = self.rt.emb[ids]
+        if self.fn is None and self.failed is None:
+            return self._trace(x, state)
+        if self.fn is None:
+            return self.rt.run(x, state, False)
+        out = self.fn(x, *state)
+        return out[0], list(out[1:])
+
+    def _trace(self, x: torch.Tensor, state: list):
+        rt = self.rt
+
+        def step(x, *state):
+            logits, new_state = rt.run(x, list(state), False)
+            return (logits, *new_state)
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", torch.jit.TracerWarning)  # a value used in Python
+                warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's own notice
+                fn = torch.jit.trace(step, (x, *state), check_trace=False)
+            traced = step(x, *state)  # op by op: the reference for the graph's first run
+            again = fn(x, *state)
+            if len(again) != len(traced) or not all(torch.equal(a, b) for a, b in zip(again, traced)):
+                raise RuntimeError("the graph's first run differs from the op-by-op run")
+        except Exception as e:  # any failure leaves the op-by-op path, which is always valid
+            self.failed = f"{type(e).__name__}: {e}"
+            if self.explicit:
+                warnings.warn(f"RWKV: the one-token CPU graph could not be built ({self.failed}); "
+                              "decoding runs op by op", RuntimeWarning, stacklevel=4)
+            return rt.run(x, state, False)
+        self.fn = fn
+        return traced[0], list(traced[1:])

@@ -1,0 +1,149 @@
+"""The one-token CPU graph (rwkv/models/cpu_graph.py): the same logits and states as the op-by-op
+path bit for bit, the caller's state untouched, the switches, and the safety nets that keep a
+wrong trace from being used."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from rwkv import ops
+from rwkv.model import RWKV
+from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
+
+CFG = dict(n_layer=2, n_embd=64, vocab=100, head_size=32, seed=5)
+VERSIONS = ("4", "5.2", "6", "7")
+
+
+def compiled() -> bool:
+    return ops.backend_report().splitlines()[0].startswith("compiled")
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cpu_graph")
+    return {v: str(save_checkpoint(d / f"v{v}.pth", make_checkpoint(v, **CFG))) for v in VERSIONS}
+
+
+def decode(m, state, tokens):
+    """Logits and state after each token (states copied: v4-v6 reuse the caller's list)."""
+    out = []
+    for t in tokens:
+        logits, state = m.forward([t], state)
+        state = list(state)
+        out.append((logits, state))
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+@pytest.mark.parametrize("v", VERSIONS)
+def test_graph_equals_op_by_op(paths, v, strategy):
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    graph = RWKV(paths[v], strategy, verbose=False)
+    plain = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    assert graph._graph is not None and plain._graph is None
+    _, s = plain.forward([1, 2, 3], None)
+    tokens = [5, 7, 11, 13, 17, 19]  # past the executor's first (profiling) runs
+    a = decode(graph, [t.clone() for t in s], tokens)
+    b = decode(plain, [t.clone() for t in s], tokens)
+    assert graph._graph.fn is not None and graph._graph.failed is None
+    for (la, sa), (lb, sb) in zip(a, b):
+        assert torch.equal(la, lb)
+        assert len(sa) == len(sb) and all(torch.equal(x, y) for x, y in zip(sa, sb))
+    # Sequences take the op-by-op path.
+    la, _ = graph.forward([3, 4, 5], None)
+    lb, _ = plain.forward([3, 4, 5], None)
+    assert torch.equal(la, lb)
+
+
+def test_graph_never_writes_the_callers_state(paths):
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    m = RWKV(paths["6"], "cpu fp32", verbose=False)
+    _, s = m.forward([1, 2], None)
+    for t in (3, 4, 5):
+        before = [x.clone() for x in s]
+        _, new = m.forward([t], list(s))
+        assert all(torch.equal(x, y) for x, y in zip(s, before))
+        assert not any(x.data_ptr() == y.data_ptr() for x, y in zip(new, s))
+        s = list(new)
+    assert m._graph.fn is not None
+
+
+def test_deepcopy_of_a_model_traces_its_own_graph(paths):
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    m = RWKV(paths["7"], "cpu fp32", verbose=False)
+    _, s = m.forward([1, 2], None)
+    a, _ = m.forward([3], s)
+    twin = copy.deepcopy(m)
+    assert twin._graph.fn is None and twin._graph.rt is twin._rt
+    with torch.no_grad():
+        for t in twin.w.values():  # the copy's own weights: changing them changes only its results
+            t.mul_(0.5)
+    b, _ = twin.forward([3], s)
+    c, _ = m.forward([3], s)
+    assert twin._graph.fn is not None and torch.equal(a, c) and not torch.equal(a, b)
+
+
+def test_graph_switches(paths, monkeypatch):
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    assert RWKV(paths["7"], "cpu fp32", verbose=False, cpu_graph=True)._graph is not None
+    assert RWKV(paths["7"], "cpu fp32", verbose=False, kernels="reference")._graph is None
+    monkeypatch.setenv("RWKV_CPU_GRAPH", "0")
+    assert RWKV(paths["7"], "cpu fp32", verbose=False)._graph is None
+    assert RWKV(paths["7"], "cpu fp32", verbose=False, cpu_graph=True)._graph is not None
+
+
+@pytest.mark.parametrize("strategy,kernels,match", [
+    ("cpu fp32", "reference", "kernels='reference' runs the pure-torch reference ops"),
+    ("cuda fp16", None, "puts layers or the head on a device other than the CPU"),
+])
+def test_graph_required_but_unsupported(paths, strategy, kernels, match):
+    with pytest.raises(ValueError, match=f"cpu_graph=True cannot be used with strategy .*{match}"):
+        RWKV(paths["4"], strategy, verbose=False, kernels=kernels, cpu_graph=True)
+    with pytest.raises(TypeError, match="cpu_graph must be True, False or None, got 'yes'"):
+        RWKV(paths["4"], "cpu fp32", verbose=False, cpu_graph="yes")
+
+
+def _patched(m, change):
+    """m's runtime with ``change(x)`` applied to the embedding rows before the layers."""
+    run = m._rt.run
+
+    def patched(x, state, full_output):
+        return run(change(x), state, full_output)
+
+    m._rt.run = patched
+
+
+@pytest.mark.parametrize("explicit", [True, None])
+@pytest.mark.parametrize("case", ["value_in_python", "graph_differs"])
+def test_a_wrong_trace_is_refused(paths, case, explicit):
+    """A Python branch on a value (the tracer warns) or a graph whose first run differs from the
+    op-by-op run leaves the model on the op-by-op path, with the right results; a warning says so
+    when the graph was asked for."""
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    m = RWKV(paths["5.2"], "cpu fp32", verbose=False, cpu_graph=explicit)
+    plain = RWKV(paths["5.2"], "cpu fp32", verbose=False, cpu_graph=False)
+    if case == "value_in_python":
+        def change(x):
+            return x * 2 if bool(x.sum() > 1e30) else x
+    else:
+        def change(x):  # a trace-only difference: the graph would double x
+            return x * 2 if torch.jit.is_tracing() else x
+    _patched(m, change)
+    _, s = plain.forward([1, 2], None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = decode(m, [t.clone() for t in s], [3, 4])
+    b = decode(plain, [t.clone() for t in s], [3, 4])
+    assert m._graph.fn is None and m._graph.failed
+    assert ("differs" in m._graph.failed) == (case == "graph_differs")
+    for (la, sa), (lb, sb) in zip(a, b):
+        assert torch.equal(la, lb) and all(torch.equal(x, y) for x, y in zip(sa, sb))
+    said = [w for w in caught if "one-token CPU graph could not be built" in str(w.message)]
+    assert len(said) == (1 if explicit else 0)
