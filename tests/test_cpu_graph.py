@@ -3,6 +3,9 @@ path bit for bit, the caller's state untouched, the switches, and the safety net
 wrong trace from being used."""
 
 import copy
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -147,3 +150,38 @@ def test_a_wrong_trace_is_refused(paths, case, explicit):
         assert torch.equal(la, lb) and all(torch.equal(x, y) for x, y in zip(sa, sb))
     said = [w for w in caught if "one-token CPU graph could not be built" in str(w.message)]
     assert len(said) == (1 if explicit else 0)
+
+
+_LEAK_CHILD = """
+import gc, sys
+from rwkv.model import RWKV, release_freed_memory
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096
+def once():
+    m = RWKV(sys.argv[1], 'cpu fp32', verbose=False)
+    _, s = m.forward([1, 2], None)
+    for t in (3, 4, 5):
+        _, s = m.forward([t], s)
+    assert m._graph.fn is not None, m._graph.failed
+for _ in range(3):
+    once()
+gc.collect(); release_freed_memory(); before = rss()
+for _ in range(20):
+    once()
+gc.collect(); release_freed_memory()
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads resident memory from /proc")
+def test_deleted_models_leave_no_graph_behind(paths):
+    """A traced graph lives as long as its model: torch.jit.trace keeps every traced function
+    (and any tensor constant in it) for the life of the process, ~4 MB per model here; ours
+    lives in the decoder's own compilation unit and takes the weights as inputs."""
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _LEAK_CHILD, paths["7"]], capture_output=True, text=True,
+                         check=True, cwd=repo)
+    grown = int(out.stdout.split()[-1])
+    assert grown < (8 << 20), grown

@@ -5,8 +5,9 @@ While decoding, Python's own work between the ops is a large share of a token's 
 weight streamed through the caches pushes the interpreter's code and data out, so each line of
 the forward runs cold (1.5b int8 models: 5-7 ms of ~55-65 ms per token; 24-layer small models:
 a third of the time). So on the model's first one-token call, ``Runtime.run`` is traced once
-(``torch.jit.trace``) into a graph of the same ops with the same arguments, and later one-token
-calls run that graph in C++. Its results equal the op-by-op path's, bit for bit.
+(torch's tracer, ``torch.jit._get_trace_graph``) into a graph of the same ops with the same arguments, and later one-token
+calls run that graph in C++ (its own compilation unit and no tensors of its own: the weights are
+inputs, so deleting the model frees everything). Its results equal the op-by-op path's, bit for bit.
 
 What makes the trace valid (reviewed; keep it so): ``Runtime.run`` for one token on CPU takes no
 data-dependent Python branch (only shapes, read through ``rows()``, and the model's fixed
@@ -42,8 +43,8 @@ def graph_unsupported(plan: list[LayerPlacement], mode: str) -> str | None:
     _backend._load()
     if not _backend.has_kernel("linear_one_group", "CPU"):
         return "the compiled CPU kernels (rwkv._C) are not available"
-    if not hasattr(torch.jit, "trace"):
-        return "this torch has no torch.jit.trace"
+    if not hasattr(torch.jit, "_get_trace_graph") or not hasattr(torch._C, "CompilationUnit"):
+        return "this torch has no TorchScript tracer"
     return None
 
 
@@ -63,6 +64,41 @@ def want_graph(requested: bool | None, plan: list[LayerPlacement], mode: str, st
     return False
 
 
+MAX_CONSTANT_BYTES = 1 << 16  # what a graph may hold itself (scalars, small factory results)
+
+
+def runtime_tensors(rt) -> list:
+    """Every tensor reachable from the runtime's layer objects (weights, side tensors, stacked
+    parameters, views of them), each once, in a fixed order."""
+    found: dict = {}
+
+    def walk(obj, depth):
+        if isinstance(obj, torch.Tensor):
+            found.setdefault(id(obj), obj)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, depth)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                walk(item, depth)
+        elif depth < 4 and type(obj).__module__.startswith("rwkv.models"):
+            for item in vars(obj).values():
+                walk(item, depth + 1)
+
+    walk([rt.att, rt.ffn, rt.head, rt.ln_out], 0)
+    return list(found.values())
+
+
+def constant_bytes(graph) -> int:
+    """Bytes of the tensors a traced graph holds as constants."""
+    total = 0
+    for node in graph.nodes():
+        if node.kind() == "prim::Constant" and node.hasAttribute("value") and node.kindOf("value") == "t":
+            t = node.t("value")
+            total += t.numel() * t.element_size()
+    return total
+
+
 class CPUGraphDecoder:
     """Runs one-token ``runtime.run`` calls as a graph traced on the first one (module docstring)."""
 
@@ -70,12 +106,13 @@ class CPUGraphDecoder:
         self.rt = runtime
         self.explicit = explicit  # asked for with cpu_graph=True: say so when it cannot be used
         self.fn = None
+        self.params: list = []  # the runtime's tensors, the graph's inputs after the state
         self.failed: str | None = None  # why the trace was refused (then the op-by-op path runs)
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the graph out (a traced function cannot be pickled, and it
         holds the original's weights); they trace their own on their first one-token call."""
-        return {**self.__dict__, "fn": None}
+        return {**self.__dict__, "fn": None, "params": []}
 
     def forward_one(self, ids: torch.Tensor, state: list):
         """ids: [1] int64, range-checked; state: a validated state list (never written). Returns
@@ -85,23 +122,33 @@ class CPUGraphDecoder:
             return self._trace(x, state)
         if self.fn is None:
             return self.rt.run(x, state, False)
-        out = self.fn(x, *state)
+        out = self.fn(x, *state, *self.params)
         return out[0], list(out[1:])
 
     def _trace(self, x: torch.Tensor, state: list):
         rt = self.rt
+        n_state = len(state)
+        # Every tensor the runtime holds is an input of the graph, not a constant inside it, so
+        # the graph holds no weights of its own.
+        params = runtime_tensors(rt)
 
-        def step(x, *state):
-            logits, new_state = rt.run(x, list(state), False)
+        def step(x, *args):
+            logits, new_state = rt.run(x, list(args[:n_state]), False)
             return (logits, *new_state)
 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", torch.jit.TracerWarning)  # a value used in Python
                 warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's own notice
-                fn = torch.jit.trace(step, (x, *state), check_trace=False)
+                graph, _ = torch.jit._get_trace_graph(step, (x, *state, *params))
+            # The graph becomes a function of our own compilation unit, which goes when this
+            # decoder goes (torch.jit.trace would register it for the life of the process).
+            fn = torch._C.CompilationUnit().create_function("rwkv_one_token", graph)
+            held = constant_bytes(graph)
+            if held > MAX_CONSTANT_BYTES:
+                raise RuntimeError(f"the graph would hold {held} bytes of tensors as constants")
             traced = step(x, *state)  # op by op: the reference for the graph's first run
-            again = fn(x, *state)
+            again = fn(x, *state, *params)
             if len(again) != len(traced) or not all(torch.equal(a, b) for a, b in zip(again, traced)):
                 raise RuntimeError("the graph's first run differs from the op-by-op run")
         except Exception as e:  # any failure leaves the op-by-op path, which is always valid
@@ -110,5 +157,5 @@ class CPUGraphDecoder:
                 warnings.warn(f"RWKV: the one-token CPU graph could not be built ({self.failed}); "
                               "decoding runs op by op", RuntimeWarning, stacklevel=4)
             return rt.run(x, state, False)
-        self.fn = fn
+        self.fn, self.params = fn, params
         return traced[0], list(traced[1:])
