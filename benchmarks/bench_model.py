@@ -20,6 +20,7 @@ interleaved decode. Upstream's v7 class has no int8 ("n/a").
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -142,9 +143,17 @@ def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: i
     ratios between our strategies do not depend on when each ran. strategy -> timings and bytes."""
     from rwkv.model import RWKV
 
+    from rwkv.model import release_freed_memory
+
     models = {s: RWKV(path, s, verbose=False) for s in strategies}
     res = time_models(models, VOCAB, prefill, decode, rounds)
-    return {s: {**res[s], "bytes": weight_bytes_per_token(m)} for s, m in models.items()}
+    out = {s: {**res[s], "bytes": weight_bytes_per_token(m)} for s, m in models.items()}
+    # Free our models before upstream's subprocesses load theirs: the four 1.5B models held ~13 GB,
+    # and upstream's int8 conversion next to them exhausted this 24 GiB machine.
+    del models, res
+    gc.collect()
+    release_freed_memory()
+    return out
 
 
 def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool) -> dict:
