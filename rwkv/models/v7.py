@@ -52,12 +52,12 @@ class TimeMixV7:
         xa, mixed = self.ln_mix(x, sx)
         xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
         r, w1, k, v, a1, g1, *v1 = self.first_products([xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
-        w, a, g, *v_gate = self.second_products([w1, a1, g1] + v1)
+        w, a, g, *v2 = self.second_products([w1, a1, g1] + v1)
         if self.layer == 0:
             v_first, v_gate, vf = v, None, None
         else:
             v_first = vf = v_first.to(device=v.device, dtype=v.dtype)
-            v_gate = v_gate[0]
+            v_gate = v2[0]
         if self.block is not None:
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.params, GROUP_NORM_EPS)
         else:
