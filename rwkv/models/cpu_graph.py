@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from ..strategy import LayerPlacement
+from .common import _compiled
 
 
 def graph_unsupported(plan: list[LayerPlacement], mode: str) -> str | None:
@@ -38,10 +39,7 @@ def graph_unsupported(plan: list[LayerPlacement], mode: str) -> str | None:
         return "kernels='reference' runs the pure-torch reference ops, which decide in Python on values"
     if any(torch.device(dd.device).type != "cpu" for dd in plan):
         return "the strategy puts layers or the head on a device other than the CPU"
-    from ..ops import _backend
-
-    _backend._load()
-    if not _backend.has_kernel("linear_one_group", "CPU"):
+    if not _compiled("linear_one_group", "CPU"):
         return "the compiled CPU kernels (rwkv._C) are not available"
     if not hasattr(torch.jit, "_get_trace_graph") or not hasattr(torch._C, "CompilationUnit"):
         return "this torch has no TorchScript tracer"
