@@ -15,8 +15,9 @@ Tolerances, and why:
   of that difference (or 1e-4); a real bug moves results by the quantization error or O(1). The
   strict 1e-4 comparison above runs with exact_int8=True (fp32 throughout, as upstream).
 * bf16: rounding happens at different points (our recurrences accumulate in fp32 where upstream's
-  v7 rounds the state to bf16 before the readout; our int8 kernels dequantize in fp32). A direct
-  comparison allows 4 bf16 ulps of the tensor's magnitude or 3x upstream's own bf16-vs-fp32
+  v7 rounds the state to bf16 before the readout; our int8 kernels dequantize in fp32; our fused
+  CPU ops compute in fp32 and round once). A direct
+  comparison allows 16 bf16 ulps of the tensor's magnitude or 3x upstream's own bf16-vs-fp32
   difference, whichever is larger (upstream dequantizes int8 weights in bf16, which moves its bf16i8
   results far more than that). The stronger check: our bf16 result must be at least as close to
   upstream's fp32 result (same quantization) as upstream's own bf16 result is (x2 in mean absolute
@@ -76,13 +77,19 @@ def _err(a, b):
 
 
 def _check_close(ours, ref, strategy, what, ref_fp32=None):
-    """fp32: fixed tolerance. bf16: 4 bf16 ulps of the tensor's magnitude, or 3x upstream's own
-    difference between this strategy and its fp32 counterpart (same call, same tensor) when larger:
-    random-weight networks amplify rounding differences layer by layer, so "equal up to rounding"
-    is measured on the scale of what rounding does to upstream itself."""
+    """fp32: fixed tolerance. bf16: 16 bf16 ulps of the tensor's magnitude (1/16 of it), or 3x
+    upstream's own difference between this strategy and its fp32 counterpart (same call, same
+    tensor) when larger: random-weight networks amplify rounding differences layer by layer, so
+    "equal up to rounding" is measured on the scale of what rounding does to upstream itself. Our
+    fused CPU ops compute in fp32 and round once where upstream rounds after every op, so the two
+    bf16 results are independent draws around fp32: on the 5.1 checkpoint, token 33 from scratch,
+    ours is 0.0198 from fp32 in mean (upstream's 0.0058) and 0.089 from upstream's at most (~6
+    ulps of logits of magnitude ~4), while over 72 such tokens ours is the closer to fp32 (0.0069
+    against 0.0094). Accuracy itself is test_bf16_as_accurate_as_upstream_bf16's; this check
+    catches wiring bugs, which move results by O(1)."""
     if "bf16" in strategy:
         scale = float(ref.float().abs().max())
-        tol = 4 * 2 ** -8 * max(scale, 1.0)
+        tol = 16 * 2 ** -8 * max(scale, 1.0)
         if ref_fp32 is not None:
             tol = max(tol, 3 * _err(ref, ref_fp32))
         assert _err(ours, ref) <= tol, f"{what}: max diff {_err(ours, ref):.3g} > {tol:.3g} (bf16)"

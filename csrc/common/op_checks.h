@@ -25,27 +25,36 @@ inline void check_same_device(const char* op, std::initializer_list<NamedTensor>
   }
 }
 
-// Each tensor must be float32 with shape [rows, cols]; `pattern` names the dimensions.
+// Each tensor must have dtype `dt` (float32 unless given; `why` names where it comes from, e.g.
+// " (r's dtype)") and shape [rows, cols]; `pattern` names the dimensions.
 inline void check_rows(const char* op, const char* pattern, std::initializer_list<NamedTensor> tensors,
-                       int64_t rows, int64_t cols) {
+                       int64_t rows, int64_t cols, at::ScalarType dt = at::kFloat,
+                       const char* why = "") {
   for (const NamedTensor& t : tensors) {
     const at::Tensor& x = *t.second;
-    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", t.first, " must be float32, got ",
-                dtype_name(x.scalar_type()));
+    TORCH_CHECK(x.scalar_type() == dt, op, ": ", t.first, " must be ", dtype_name(dt), why,
+                ", got ", dtype_name(x.scalar_type()));
     TORCH_CHECK(x.dim() == 2 && x.size(0) == rows && x.size(1) == cols, op, ": ", t.first,
                 " must have shape ", pattern, " = [", rows, ", ", cols, "], got ", x.sizes());
   }
 }
 
-// Each tensor must be float32 with shape [C].
+// Each tensor must have dtype `dt` (as check_rows) and shape [C].
 inline void check_channel_vectors(const char* op, std::initializer_list<NamedTensor> tensors,
-                                  int64_t C) {
+                                  int64_t C, at::ScalarType dt = at::kFloat, const char* why = "") {
   for (const NamedTensor& t : tensors) {
-    TORCH_CHECK(t.second->scalar_type() == at::kFloat, op, ": ", t.first,
-                " must be float32, got ", dtype_name(t.second->scalar_type()));
+    TORCH_CHECK(t.second->scalar_type() == dt, op, ": ", t.first, " must be ", dtype_name(dt),
+                why, ", got ", dtype_name(t.second->scalar_type()));
     TORCH_CHECK(t.second->dim() == 1 && t.second->size(0) == C, op, ": ", t.first,
                 " must have shape [C] = [", C, "], got ", t.second->sizes());
   }
+}
+
+// The fused CPU ops' activations (the model's activation dtype): float32 or bfloat16. They
+// compute in fp32 and give their result in this dtype.
+inline void check_activation_dtype(const char* op, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op, ": ", name,
+              " must be float32 or bfloat16, got ", dtype_name(x.scalar_type()));
 }
 
 struct Wkv4Dims { int64_t T, C; };
@@ -69,14 +78,20 @@ inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::T
 
 struct WkvDims { int64_t T, H, N; };
 
-// The [H, N, N] fp32 contiguous state of wkv5/6/7 and the T of r.
-inline WkvDims check_state_and_r(const char* op, const at::Tensor& state, const at::Tensor& r) {
+// The [H, N, N] fp32 contiguous state of wkv5/6/7 and the T of r, which is float32 or, for an
+// op whose r is an activation (r_activation), bfloat16 too.
+inline WkvDims check_state_and_r(const char* op, const at::Tensor& state, const at::Tensor& r,
+                                 bool r_activation = false) {
   RWKV_CHECK_DTYPE(op, state, at::kFloat);
   RWKV_CHECK_DIM(op, state, "[H, N, N]", 3);
   const int64_t H = state.size(0), N = state.size(1);
   RWKV_CHECK_SHAPE(op, state, "[H, N, N]", H, N, N);
   RWKV_CHECK_CONTIGUOUS(op, state);
-  RWKV_CHECK_DTYPE(op, r, at::kFloat);
+  if (r_activation) {
+    check_activation_dtype(op, "r", r);
+  } else {
+    RWKV_CHECK_DTYPE(op, r, at::kFloat);
+  }
   RWKV_CHECK_DIM(op, r, "[T, H*N]", 2);
   return {r.size(0), H, N};
 }
@@ -119,8 +134,8 @@ inline void check_block_params(const char* op, const at::Tensor& p, int64_t rows
   RWKV_CHECK_CONTIGUOUS(op, p);
 }
 
-// wkv6_block: state, r, k, v, w (the decay's low-rank term), g as wkv6_forward's rows; p
-// [4, H*N] fp32 contiguous.
+// wkv6_block: state, r, k, v, w (the decay's low-rank term) as wkv6_forward's rows; g [T, H*N]
+// float32 or bfloat16 (the result's dtype); p [4, H*N] fp32 contiguous.
 inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                                 const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
                                 const at::Tensor& p) {
@@ -128,14 +143,16 @@ inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, co
   check_same_device(op, {{"state", &state}, {"r", &r}, {"k", &k}, {"v", &v}, {"w", &w},
                          {"g", &g}, {"p", &p}});
   const WkvDims d = check_state_and_r(op, state, r);
-  check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}, {"w", &w}, {"g", &g}}, d.T,
-             d.H * d.N);
+  check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}, {"w", &w}}, d.T, d.H * d.N);
+  check_activation_dtype(op, "g", g);
+  check_rows(op, "[T, H*N]", {{"g", &g}}, d.T, d.H * d.N, g.scalar_type());
   check_block_params(op, p, 4, d);
   return d;
 }
 
-// wkv7_block: as wkv7_forward for state, r, w, k, v, a; g too; v_first and v_gate both or
-// neither; p [8, H*N] fp32 contiguous.
+// wkv7_block: as wkv7_forward for state, r, w, k, v, a, except that r may be bfloat16 too (the
+// activation dtype, the result's): w, k, v, a, g and v_first, v_gate (both or neither) in r's
+// dtype; p [8, H*N] fp32 contiguous.
 inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                                 const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
@@ -143,15 +160,17 @@ inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, co
   const char* op = "wkv7_block";
   check_same_device(op, {{"state", &state}, {"r", &r}, {"w", &w}, {"k", &k}, {"v", &v},
                          {"a", &a}, {"g", &g}, {"p", &p}});
-  const WkvDims d = check_state_and_r(op, state, r);
+  const WkvDims d = check_state_and_r(op, state, r, true);
+  const at::ScalarType dt = r.scalar_type();
   check_rows(op, "[T, H*N]", {{"r", &r}, {"w", &w}, {"k", &k}, {"v", &v}, {"a", &a}, {"g", &g}},
-             d.T, d.H * d.N);
+             d.T, d.H * d.N, dt, " (r's dtype)");
   TORCH_CHECK(v_first.has_value() == v_gate.has_value(), op,
               ": v_first and v_gate must be given together (layers after the first) or both be "
               "None, got ", v_first.has_value() ? "v_first only" : "v_gate only");
   if (v_first.has_value()) {
     check_same_device(op, {{"state", &state}, {"v_first", &*v_first}, {"v_gate", &*v_gate}});
-    check_rows(op, "[T, H*N]", {{"v_first", &*v_first}, {"v_gate", &*v_gate}}, d.T, d.H * d.N);
+    check_rows(op, "[T, H*N]", {{"v_first", &*v_first}, {"v_gate", &*v_gate}}, d.T, d.H * d.N,
+               dt, " (r's dtype)");
   }
   check_block_params(op, p, 8, d);
   return d;
@@ -215,20 +234,22 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w,
   return {N, M};
 }
 
-// A token-shift op's float32 activation `name` [T, C] and its shift state sx [C]; returns {T, C}.
+// A token-shift op's activation `name` [T, C] (float32 or bfloat16) and its shift state sx [C]
+// in the same dtype; returns {T, C}.
 inline std::pair<int64_t, int64_t> check_activation_and_shift(const char* op, const char* name,
                                                               const at::Tensor& x,
                                                               const at::Tensor& sx) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
-              dtype_name(x.scalar_type()));
+  check_activation_dtype(op, name, x);
   TORCH_CHECK(x.dim() == 2, op, ": ", name, " must have shape [T, C], got ", x.sizes());
-  check_channel_vectors(op, {{"sx", &sx}}, x.size(1));
+  const std::string why = std::string(" (") + name + "'s dtype)";
+  check_channel_vectors(op, {{"sx", &sx}}, x.size(1), x.scalar_type(), why.c_str());
   return {x.size(0), x.size(1)};
 }
 
 struct LnMixDims { int64_t T, C, n; };
 
-// ln_mix: x [T, C]; sx, w, b [C]; mix [n, C]; all float32.
+// ln_mix: x [T, C] float32 or bfloat16 (the results' dtype); sx [C] in x's dtype; w, b [C] and
+// mix [n, C] float32.
 inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
                               const at::Tensor& b, const at::Tensor& mix) {
   const char* op = "ln_mix";
@@ -244,17 +265,19 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
 
 struct MaaMixDims { int64_t T, C, n, D; };
 
-// maa_mix: xx [T, C]; sx [C]; z [T, n*D]; w2 [n, D, C]; maa [n, C]; all float32.
+// maa_mix: xx [T, C] float32 or bfloat16 (the result's dtype); sx [C] and z [T, n*D] in xx's
+// dtype; w2 [n, D, C] float32 or bfloat16; maa [n, C] float32.
 inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
                                 const at::Tensor& w2, const at::Tensor& maa) {
   const char* op = "maa_mix";
   check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
   const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
-  RWKV_CHECK_DTYPE(op, w2, at::kFloat);
+  TORCH_CHECK(w2.scalar_type() == at::kFloat || w2.scalar_type() == at::kBFloat16, op,
+              ": w2 must be float32 or bfloat16, got ", dtype_name(w2.scalar_type()));
   RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
   const int64_t n = w2.size(0), D = w2.size(1);
   RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
-  check_rows(op, "[T, n*D]", {{"z", &z}}, T, n * D);
+  check_rows(op, "[T, n*D]", {{"z", &z}}, T, n * D, xx.scalar_type(), " (xx's dtype)");
   check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
   return {T, C, n, D};
 }

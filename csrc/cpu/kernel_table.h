@@ -43,10 +43,13 @@ struct KernelTable {
   void (*shift_mix)(int64_t T, int64_t C, int64_t n, int64_t t0, int64_t t1, const float* xx,
                     const float* sx, const float* mix, bool lerp, float* out);
   // maa_mix (kernels/maa_mix.h) on channels [c0, c1): out [n, T, C] from xx [T, C], sx [C],
-  // zt [T, n*D] (tanh applied), w2 [n, D, C] and maa [n, C].
-  void (*maa_mix)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
-                  const float* xx, const float* sx, const float* zt, const float* w2,
-                  const float* maa, float* out);
+  // zt [T, n*D] (tanh applied), w2 [n, D, C] (fp32, or bf16 as uint16_t) and maa [n, C].
+  void (*maa_mix_f32)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
+                      const float* xx, const float* sx, const float* zt, const float* w2,
+                      const float* maa, float* out);
+  void (*maa_mix_bf16)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
+                       const float* xx, const float* sx, const float* zt, const uint16_t* w2,
+                       const float* maa, float* out);
   // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
   // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.

@@ -3,7 +3,8 @@
 // first low-rank product), each one call instead of several small torch ops (docs/kernels.md
 // says why). One row, the decode case, runs ln_mix inline; longer inputs split rows between
 // threads, the layer norm first since each row's mixes read the row before. maa_mix splits
-// channels. Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
+// channels. Activations may be fp32 or bf16 (cpu/float_io.h): the kernels compute in fp32.
+// Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -16,6 +17,7 @@
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/float_io.h"
 #include "cpu/parallel.h"
 
 namespace rwkv {
@@ -26,10 +28,10 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
                                           const at::Tensor& w, const at::Tensor& b,
                                           const at::Tensor& mix, bool lerp, double eps) {
   const LnMixDims d = check_ln_mix(x, sx, w, b, mix);
-  const at::Tensor xc = x.contiguous(), sxc = sx.contiguous(), wc = w.contiguous(),
+  const at::Tensor xc = widened(x), sxc = widened(sx), wc = w.contiguous(),
                    bc = b.contiguous(), mc = mix.contiguous();
-  at::Tensor xx = at::empty({d.T, d.C}, x.options());
-  at::Tensor out = at::empty({d.n, d.T, d.C}, x.options());
+  at::Tensor xx = at::empty({d.T, d.C}, xc.options());
+  at::Tensor out = at::empty({d.n, d.T, d.C}, xc.options());
   const KernelTable& kt = kernels();
   const float* xp = xc.data_ptr<float>();
   float* xxp = xx.data_ptr<float>();
@@ -49,27 +51,33 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
     at::parallel_for(0, d.T, grain, norm);
     at::parallel_for(0, d.T, grain, mixes);
   }
-  return {xx, out};
+  return {narrowed(xx, x.scalar_type()), narrowed(out, x.scalar_type())};
 }
 
 at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
                    const at::Tensor& w2, const at::Tensor& maa) {
   const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa);
-  const at::Tensor xc = xx.contiguous(), sxc = sx.contiguous(), zc = z.contiguous(),
-                   wc = w2.contiguous(), mc = maa.contiguous();
-  at::Tensor out = at::empty({d.n, d.T, d.C}, xx.options());
+  const at::Tensor xc = widened(xx), sxc = widened(sx), zc = widened(z), wc = w2.contiguous(),
+                   mc = maa.contiguous();
+  at::Tensor out = at::empty({d.n, d.T, d.C}, xc.options());
   // tanh(z) once (T*n*D values), before the threads share it.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
   const float* zp = zc.data_ptr<float>();
   for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
   const KernelTable& kt = kernels();
   // Blocks of 64 channels.
+  const bool bf16_w2 = wc.scalar_type() == at::kBFloat16;
   for_blocks(d.C, 64, d.T * d.n * d.D, [&](int64_t c0, int64_t c1) {
-    kt.maa_mix(d.T, d.C, d.n, d.D, c0, c1, xc.data_ptr<float>(),
-               sxc.data_ptr<float>(), zt.data(), wc.data_ptr<float>(), mc.data_ptr<float>(),
-               out.data_ptr<float>());
+    const float *x = xc.data_ptr<float>(), *s = sxc.data_ptr<float>(), *m = mc.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    if (bf16_w2) {
+      kt.maa_mix_bf16(d.T, d.C, d.n, d.D, c0, c1, x, s, zt.data(),
+                      reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), m, o);
+    } else {
+      kt.maa_mix_f32(d.T, d.C, d.n, d.D, c0, c1, x, s, zt.data(), wc.data_ptr<float>(), m, o);
+    }
   });
-  return out;
+  return narrowed(out, xx.scalar_type());
 }
 
 }  // namespace

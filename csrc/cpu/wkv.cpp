@@ -1,6 +1,7 @@
 // ATen glue for the WKV recurrences on CPU (wkv4_forward, wkv5_forward, wkv6_forward,
 // wkv7_forward, wkv6_block, wkv7_block): the shared input checks (common/op_checks.h), at::parallel_for over independent
-// channels or heads, then the kernel row of the active instruction set (cpu_features.h).
+// channels or heads, then the kernel row of the active instruction set (cpu_features.h). The
+// block ops' activations may be fp32 or bf16 (cpu/float_io.h): their kernels compute in fp32.
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -11,6 +12,7 @@
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/float_io.h"
 
 namespace rwkv {
 namespace cpu {
@@ -87,7 +89,7 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const at::Tensor& p, double eps) {
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-                   wc = w.contiguous(), gc = g.contiguous();
+                   wc = w.contiguous(), gc = widened(g);
   at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
   at::Tensor scratch = at::empty({d.H, d.N}, r.options());
   const KernelTable& kt = kernels();
@@ -96,7 +98,7 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                   in(gc), in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
                   y.data_ptr<float>());
   });
-  return y;
+  return narrowed(y, g.scalar_type());
 }
 
 at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
@@ -104,15 +106,15 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
                       const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps) {
   const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p);
-  const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
-                   vc = v.contiguous(), ac = a.contiguous(), gc = g.contiguous();
+  const at::Tensor rc = widened(r), wc = widened(w), kc = widened(k), vc = widened(v),
+                   ac = widened(a), gc = widened(g);
   at::Tensor vf, vg;
   if (v_first.has_value()) {
-    vf = v_first->contiguous();
-    vg = v_gate->contiguous();
+    vf = widened(*v_first);
+    vg = widened(*v_gate);
   }
-  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
-  at::Tensor scratch = at::empty({d.H, 6 * d.N}, r.options());
+  at::Tensor y = at::empty({d.T, d.H * d.N}, rc.options());
+  at::Tensor scratch = at::empty({d.H, 6 * d.N}, rc.options());
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(wc), in(kc), in(vc),
@@ -120,7 +122,7 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                   vf.defined() ? in(vg) : nullptr, in(p), static_cast<float>(eps),
                   scratch.data_ptr<float>() + h0 * 6 * d.N, y.data_ptr<float>());
   });
-  return y;
+  return narrowed(y, r.scalar_type());
 }
 
 }  // namespace

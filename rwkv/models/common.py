@@ -44,12 +44,18 @@ def _compiled(name: str, dispatch_key: str) -> bool:
     return _backend.has_kernel(name, dispatch_key)
 
 
-def fused_cpu_op(name: str, dd: LayerPlacement, mode: str, *params: torch.Tensor):
-    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 activations and fp32
-    ``params`` (what the fused ops take), or None: kernels="reference", other devices or dtypes, or
-    no compiled kernel. The caller then runs the op's math as torch ops, with the bits it always had."""
-    if (torch.device(dd.device).type == "cpu" and mode != "reference" and dd.atype == torch.float32
-            and all(t.dtype == torch.float32 for t in params) and _compiled(name, "CPU")):
+#: The activation dtypes the fused CPU ops take (they compute in fp32 and give results in it).
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def fused_cpu_op(name: str, dd: LayerPlacement, mode: str, *weights: torch.Tensor):
+    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 or bf16 activations, whose
+    ``weights`` are fp32 or bf16 too, or None: kernels="reference", other devices or dtypes, or no
+    compiled kernel. The caller then runs the op's math as torch ops, with the bits it always had.
+    The op computes in fp32: with bf16 activations it rounds once, where the torch ops (and
+    upstream) round after each step, so its results are as close or closer to the fp32 ones."""
+    if (torch.device(dd.device).type == "cpu" and mode != "reference" and dd.atype in FUSED_DTYPES
+            and all(t.dtype in FUSED_DTYPES for t in weights) and _compiled(name, "CPU")):
         return ops.resolve(name, "cpu", mode)
     return None
 
@@ -60,21 +66,22 @@ class LnMix:
     (RWKV-4/5) or the delta form (RWKV-6/7). ``__call__(x, sx)`` returns (xx [T, C], whose last row
     is the new shift state, and mixed [n, T, C]).
 
-    On CPU with fp32 activations this is the compiled ``ln_mix`` op: one call instead of 5-6 small
-    torch ops, which cost 10-30 us each while decoding (streaming the weights evicts torch's code
-    and data from the caches). Otherwise the same math as torch ops (ln_mix_math)."""
+    On CPU with fp32 or bf16 activations this is the compiled ``ln_mix`` op: one call instead of
+    5-6 small torch ops, which cost 10-30 us each while decoding (streaming the weights evicts
+    torch's code and data from the caches). Otherwise the same math as torch ops (ln_mix_math)."""
 
     def __init__(self, w: dict, prefix: str, mixes: list, lerp: bool, dd: LayerPlacement, mode: str):
         self.ln_w, self.ln_b = w[prefix + ".weight"], w[prefix + ".bias"]
         self.mix, rmix = stacked_mixes(mixes)
         self.rmix = rmix if lerp else None
         self.lerp = lerp
-        self.rows = self.mix.squeeze(1)  # [n, C], the op's layout
-        self.op = fused_cpu_op("ln_mix", dd, mode, self.ln_w, self.ln_b, self.rows)
+        self.op = fused_cpu_op("ln_mix", dd, mode)
+        if self.op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
+            self.op_params = (self.ln_w.float(), self.ln_b.float(), self.mix.squeeze(1).float())
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor) -> tuple:
         if self.op is not None:
-            return self.op(x, sx, self.ln_w, self.ln_b, self.rows, self.lerp, LAYER_NORM_EPS)
+            return self.op(x, sx, *self.op_params, self.lerp, LAYER_NORM_EPS)
         return ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
 
 

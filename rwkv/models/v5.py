@@ -67,8 +67,8 @@ class TimeMixV5:
 class TimeMixV6(TimeMixV5):
     """The data-dependent token shift after its first low-rank product is ``maa_mix``, and what lies
     between the projections and the output projection (decay, recurrence, group norm, gate) is
-    ``wkv6_block``: compiled CPU ops when the activations are fp32 (one call each instead of ~10
-    small torch ops), otherwise the same math as torch ops (maa_mix_math and wkv6_block_math,
+    ``wkv6_block``: compiled CPU ops when the activations are fp32 or bf16 (one call each instead
+    of ~10 small torch ops), otherwise the same math as torch ops (maa_mix_math and wkv6_block_math,
     upstream's order of operations, with this layer's wkv6 op)."""
 
     op_name = "wkv6_forward"
@@ -85,8 +85,8 @@ class TimeMixV6(TimeMixV5):
                                         for n in ("time_decay_w1", "time_decay_w2"))
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
-        self.maa_rows = self.maa.squeeze(1)  # [5, C], the op's layout
-        self.maa_op = fused_cpu_op("maa_mix", dd, mode, self.maa_w2, self.maa_rows)
+        self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
+        self.maa_op = fused_cpu_op("maa_mix", dd, mode, self.maa_w2)
         self.block = fused_cpu_op("wkv6_block", dd, mode)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])

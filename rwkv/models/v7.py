@@ -15,7 +15,7 @@ BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias
 class TimeMixV7:
     """The projections and low-rank products run here; what lies between them and the output
     projection (the recurrence and its elementwise surroundings) is ``wkv7_block``: the compiled
-    CPU op when the activations are fp32 (one call instead of ~35 small torch ops per layer, the
+    CPU op when the activations are fp32 or bf16 (one call instead of ~35 small torch ops per layer, the
     main per-token overhead of decoding), otherwise the same math as torch ops (wkv7_block_math,
     upstream's order of operations, with this layer's wkv7 op)."""
 
@@ -46,6 +46,8 @@ class TimeMixV7:
         self.first_products, self.second_products = ProjectionGroup(first, mode), ProjectionGroup(second, mode)
         self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
         self.block = fused_cpu_op("wkv7_block", dd, mode)
+        if self.block is not None:
+            self.block_params = self.params.float()  # the op's p: fp32 (bf16 rows widened, exactly)
 
     def __call__(self, x, sx, S, v_first):
         """S is a private copy (updated in place by the kernel). Returns (x + out, shift, v_first)."""
@@ -59,7 +61,7 @@ class TimeMixV7:
             v_first = vf = v_first.to(device=v.device, dtype=v.dtype)
             v_gate = v2[0]
         if self.block is not None:
-            y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.params, GROUP_NORM_EPS)
+            y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS)
         else:
             y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
         return x + self.output(y), xa[-1], v_first

@@ -60,35 +60,48 @@ def check_same_device(op: str, names: Sequence[str], tensors: Sequence[torch.Ten
 
 
 def _check_rows(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], T: int, C: int,
-                pattern: str = "[T, H*N]") -> None:
+                pattern: str = "[T, H*N]", dtype: torch.dtype = torch.float32, why: str = "") -> None:
     for name, t in zip(names, tensors):
-        check_dtype(op, name, t, torch.float32)
+        check_dtype(op, name, t, dtype, why)
         check_shape(op, name, t, pattern, (T, C))
 
 
-def _check_channel_vectors(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], C: int) -> None:
+def _check_channel_vectors(op: str, names: Sequence[str], tensors: Sequence[torch.Tensor], C: int,
+                           dtype: torch.dtype = torch.float32, why: str = "") -> None:
     for name, t in zip(names, tensors):
-        check_dtype(op, name, t, torch.float32)
+        check_dtype(op, name, t, dtype, why)
         check_shape(op, name, t, "[C]", (C,))
 
 
+def check_activation_dtype(op: str, name: str, x: torch.Tensor) -> None:
+    """The fused CPU ops' activations (the model's activation dtype): float32 or bfloat16. They
+    compute in fp32 and give their result in this dtype."""
+    torch._check(x.dtype in (torch.float32, torch.bfloat16),
+                 lambda: f"{op}: {name} must be float32 or bfloat16, got {dtype_name(x.dtype)}")
+
+
 def _check_activation_and_shift(op: str, name: str, x: torch.Tensor, sx: torch.Tensor) -> tuple:
-    """A token-shift op's fp32 activation ``name`` [T, C] and its shift state sx [C]; returns (T, C)."""
-    check_dtype(op, name, x, torch.float32)
+    """A token-shift op's activation ``name`` [T, C] (float32 or bfloat16) and its shift state sx
+    [C] in the same dtype; returns (T, C)."""
+    check_activation_dtype(op, name, x)
     check_dim(op, name, x, "[T, C]", 2)
     T, C = int(x.shape[0]), int(x.shape[1])
-    _check_channel_vectors(op, ("sx",), (sx,), C)
+    _check_channel_vectors(op, ("sx",), (sx,), C, x.dtype, f" ({name}'s dtype)")
     return T, C
 
 
-def _check_state_and_r(op: str, state: torch.Tensor, r: torch.Tensor) -> tuple:
-    """The [H, N, N] fp32 contiguous state of wkv5/6/7 and the fp32 [T, H*N] r; returns (T, H, N)."""
+def _check_state_and_r(op: str, state: torch.Tensor, r: torch.Tensor, r_activation: bool = False) -> tuple:
+    """The [H, N, N] fp32 contiguous state of wkv5/6/7 and the [T, H*N] r, float32 or, for an op
+    whose r is an activation (r_activation), bfloat16 too; returns (T, H, N)."""
     check_dtype(op, "state", state, torch.float32)
     check_dim(op, "state", state, "[H, N, N]", 3)
     H, N = int(state.shape[0]), int(state.shape[1])
     check_shape(op, "state", state, "[H, N, N]", (H, N, N))
     check_contiguous(op, "state", state)
-    check_dtype(op, "r", r, torch.float32)
+    if r_activation:
+        check_activation_dtype(op, "r", r)
+    else:
+        check_dtype(op, "r", r, torch.float32)
     check_dim(op, "r", r, "[T, H*N]", 2)
     return int(r.shape[0]), H, N
 
@@ -153,7 +166,9 @@ def validate_wkv6_block(state, r, k, v, w, g, p) -> tuple:
     names = ("state", "r", "k", "v", "w", "g", "p")
     check_same_device(op, names, (state, r, k, v, w, g, p))
     T, H, N = _check_state_and_r(op, state, r)
-    _check_rows(op, names[1:6], (r, k, v, w, g), T, H * N)
+    _check_rows(op, names[1:5], (r, k, v, w), T, H * N)
+    check_activation_dtype(op, "g", g)
+    _check_rows(op, ("g",), (g,), T, H * N, dtype=g.dtype)
     _check_block_params(op, p, 4, H * N)
     return T, H, N
 
@@ -163,14 +178,14 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
     op = "wkv7_block"
     names = ("state", "r", "w", "k", "v", "a", "g", "p")
     check_same_device(op, names, (state, r, w, k, v, a, g, p))
-    T, H, N = _check_state_and_r(op, state, r)
-    _check_rows(op, ("r", "w", "k", "v", "a", "g"), (r, w, k, v, a, g), T, H * N)
+    T, H, N = _check_state_and_r(op, state, r, r_activation=True)
+    _check_rows(op, ("r", "w", "k", "v", "a", "g"), (r, w, k, v, a, g), T, H * N, dtype=r.dtype, why=" (r's dtype)")
     torch._check((v_first is None) == (v_gate is None),
                  lambda: f"{op}: v_first and v_gate must be given together (layers after the first) "
                          f"or both be None, got {'v_first' if v_gate is None else 'v_gate'} only")
     if v_first is not None:
         check_same_device(op, ("state", "v_first", "v_gate"), (state, v_first, v_gate))
-        _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N)
+        _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N, dtype=r.dtype, why=" (r's dtype)")
     _check_block_params(op, p, 8, H * N)
     return T, H, N
 
@@ -193,11 +208,12 @@ def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
     op = "maa_mix"
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
-    check_dtype(op, "w2", w2, torch.float32)
+    torch._check(w2.dtype in (torch.float32, torch.bfloat16),
+                 lambda: f"{op}: w2 must be float32 or bfloat16, got {dtype_name(w2.dtype)}")
     check_dim(op, "w2", w2, "[n, D, C]", 3)
     n, D = int(w2.shape[0]), int(w2.shape[1])
     check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
-    _check_rows(op, ("z",), (z,), T, n * D, "[T, n*D]")
+    _check_rows(op, ("z",), (z,), T, n * D, "[T, n*D]", xx.dtype, " (xx's dtype)")
     _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
     return T, C, n, D
 

@@ -67,9 +67,10 @@ def _wkv7_fake(state, r, w, k, v, a, b):
 
 
 # One RWKV-6 layer's time mix around wkv6_forward (docs/kernels.md): state as wkv6_forward, in
-# place; r, k, v, g (the gate after silu) and w (the decay's low-rank term): [T, H*N] fp32; p:
-# [4, H*N] fp32, the rows time_decay, time_first, ln_x weight, ln_x bias. Returns the time mix's
-# output before the output projection, y: [T, H*N] fp32.
+# place; r, k, v and w (the decay's low-rank term): [T, H*N] fp32; g (the gate after silu):
+# [T, H*N] fp32 or bf16 (the activation dtype); p: [4, H*N] fp32, the rows time_decay,
+# time_first, ln_x weight, ln_x bias. Computes in fp32. Returns the time mix's output before the
+# output projection, y: [T, H*N] in g's dtype.
 _define("wkv6_block",
         "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor g, Tensor p, float eps) -> Tensor")
 
@@ -77,14 +78,15 @@ _define("wkv6_block",
 @torch.library.register_fake(f"{_LIB}::wkv6_block")
 def _wkv6_block_fake(state, r, k, v, w, g, p, eps):
     T, H, N = _checks.validate_wkv6_block(state, r, k, v, w, g, p)
-    return r.new_empty((T, H * N))
+    return g.new_empty((T, H * N))
 
 
 # One RWKV-7 layer's time mix around wkv7_forward (docs/kernels.md): state as wkv7_forward, in
 # place; r, k, v, g and the low-rank outputs w (decay), a (in-context rate), v_gate: [T, H*N]
-# fp32; v_first and v_gate both given (layers after the first) or both None; p: [8, H*N] fp32,
-# the rows w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias. Returns the time mix's output
-# before the output projection, y: [T, H*N] fp32.
+# fp32 or all bf16 (the activation dtype); v_first and v_gate both given (layers after the
+# first) or both None; p: [8, H*N] fp32, the rows w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x
+# bias. Computes in fp32. Returns the time mix's output before the output projection, y:
+# [T, H*N] in r's dtype.
 _define("wkv7_block",
         "(Tensor(a!) state, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor g, "
         "Tensor? v_first, Tensor? v_gate, Tensor p, float eps) -> Tensor")
@@ -96,9 +98,10 @@ def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
     return r.new_empty((T, H * N))
 
 
-# The start of each half of every block (docs/kernels.md): x [T, C]; sx (the shift state), w, b
-# (the layer norm's) [C]; mix [n, C]; all fp32; lerp: the RWKV-4/5 form, else RWKV-6/7's.
-# Returns (xx = layer_norm(x) [T, C], the n mixes of xx with its previous row [n, T, C]).
+# The start of each half of every block (docs/kernels.md): x [T, C] and sx (the shift state)
+# [C], fp32 or both bf16 (the activation dtype); w, b (the layer norm's) [C] and mix [n, C] fp32;
+# lerp: the RWKV-4/5 form, else RWKV-6/7's. Computes in fp32. Returns, in x's dtype,
+# (xx = layer_norm(x) [T, C], the n mixes of xx with its previous row [n, T, C]).
 _define("ln_mix",
         "(Tensor x, Tensor sx, Tensor w, Tensor b, Tensor mix, bool lerp, float eps) -> (Tensor, Tensor)")
 
@@ -110,8 +113,9 @@ def _ln_mix_fake(x, sx, w, b, mix, lerp, eps):
 
 
 # RWKV-6's data-dependent token shift after its first low-rank product (docs/kernels.md): xx
-# [T, C] (the layer norm), sx [C] (the shift state), z [T, n*D] (the product, before tanh), w2
-# [n, D, C], maa [n, C]; all fp32. Returns xx + (prev - xx) * (maa + tanh(z) @ w2): [n, T, C].
+# [T, C] (the layer norm), sx [C] (the shift state), z [T, n*D] (the product, before tanh): fp32
+# or all bf16 (the activation dtype); w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in
+# fp32. Returns xx + (prev - xx) * (maa + tanh(z) @ w2): [n, T, C] in xx's dtype.
 _define("maa_mix", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> Tensor")
 
 

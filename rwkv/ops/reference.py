@@ -244,33 +244,39 @@ def wkv7_forward(state, r, w, k, v, a, b):
 
 def wkv6_block(state, r, k, v, w, g, p, eps):
     """RWKV-6 time mix around the recurrence (wkv6_block_math with wkv6_forward). state [H, N, N]
-    fp32 in place; r, k, v, w, g [T, H*N] fp32; p [4, H*N] fp32 (time_decay, time_first, ln_x
-    weight, ln_x bias). Returns y [T, H*N] fp32."""
+    fp32 in place; r, k, v, w [T, H*N] fp32; g [T, H*N] fp32 or bf16; p [4, H*N] fp32
+    (time_decay, time_first, ln_x weight, ln_x bias). Computes in fp32; returns y [T, H*N] in
+    g's dtype."""
     _checks.validate_wkv6_block(state, r, k, v, w, g, p)
-    return wkv6_block_math(wkv6_forward, state, r, k, v, w, g, p.unbind(0), eps)
+    return wkv6_block_math(wkv6_forward, state, r, k, v, w, g.float(), p.unbind(0), eps).to(g.dtype)
 
 
 def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
     """RWKV-7 time mix around the recurrence (wkv7_block_math with wkv7_forward). state [H, N, N]
-    fp32 in place; r, w, k, v, a, g and v_first, v_gate (both or neither) [T, H*N] fp32; p
-    [8, H*N] fp32 (w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias). Returns y [T, H*N] fp32."""
+    fp32 in place; r, w, k, v, a, g and v_first, v_gate (both or neither) [T, H*N], fp32 or all
+    bf16; p [8, H*N] fp32 (w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias). Computes in fp32;
+    returns y [T, H*N] in r's dtype."""
     _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
-    return wkv7_block_math(wkv7_forward, state, r, w, k, v, a, g, v_first, v_gate, p.unbind(0), eps)
+    acts = [None if t is None else t.float() for t in (r, w, k, v, a, g, v_first, v_gate)]
+    return wkv7_block_math(wkv7_forward, state, *acts, p.unbind(0), eps).to(r.dtype)
 
 
 def ln_mix(x, sx, w, b, mix, lerp, eps):
-    """Layer norm, token shift and mixes (ln_mix_math). x [T, C]; sx, w, b [C]; mix [n, C]; all
-    fp32; lerp picks the form. Returns (xx [T, C], mixed [n, T, C])."""
+    """Layer norm, token shift and mixes (ln_mix_math). x [T, C] and sx [C] fp32 or both bf16;
+    w, b [C], mix [n, C] fp32; lerp picks the form. Computes in fp32; returns (xx [T, C],
+    mixed [n, T, C]) in x's dtype."""
     _checks.validate_ln_mix(x, sx, w, b, mix)
     m = mix.unsqueeze(1)
-    return ln_mix_math(x, sx, w, b, m, 1 - m if lerp else None, eps)
+    xx, mixed = ln_mix_math(x.float(), sx.float(), w, b, m, 1 - m if lerp else None, eps)
+    return xx.to(x.dtype), mixed.to(x.dtype)
 
 
 def maa_mix(xx, sx, z, w2, maa):
-    """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C]; sx [C]; z [T, n*D]; w2
-    [n, D, C]; maa [n, C]; all fp32. Returns [n, T, C]."""
+    """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C], sx [C], z [T, n*D] fp32 or
+    all bf16; w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in fp32; returns [n, T, C] in
+    xx's dtype."""
     _checks.validate_maa_mix(xx, sx, z, w2, maa)
-    return maa_mix_math(xx, sx, z, w2, maa.unsqueeze(1))
+    return maa_mix_math(xx.float(), sx.float(), z.float(), w2.float(), maa.unsqueeze(1)).to(xx.dtype)
 
 
 def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):

@@ -44,6 +44,23 @@ def assert_close_f32(actual, expected64, rtol=2e-5, atol=2e-5):
                                atol=atol * scale)
 
 
+#: The activation dtypes of the fused CPU ops (ln_mix, maa_mix, wkv6_block, wkv7_block).
+ACT_DTYPES = (torch.float32, torch.bfloat16)
+ACT_IDS = ("fp32", "bf16")
+
+
+def assert_close_act(actual, expected64, dtype, rtol=2e-5, atol=2e-5):
+    """A fused op's result in its activation dtype against the float64 spec: fp32 as
+    assert_close_f32; bf16 is computed in fp32 and rounded once, so it may also be off by half a
+    bf16 ulp (2^-8 of the value)."""
+    assert actual.dtype == dtype, actual.dtype
+    if dtype == torch.float32:
+        assert_close_f32(actual, expected64, rtol, atol)
+        return
+    scale = max(1.0, float(expected64.abs().max())) if expected64.numel() else 1.0
+    torch.testing.assert_close(actual.double().cpu(), expected64.cpu(), rtol=2 ** -8 + rtol, atol=atol * scale)
+
+
 def assert_low_precision_ok(actual, expected64, low_precision_ref):
     """bf16/fp16: the max error vs float64 may be at most 2x that of the spec run in the low
     precision (plus one ulp of slack for tiny results)."""

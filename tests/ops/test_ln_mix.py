@@ -1,9 +1,9 @@
-"""ln_mix: compiled kernel and reference vs the float64 spec, every CPU ISA, rows split between
-threads, opcheck, errors."""
+"""ln_mix: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations), every CPU
+ISA, rows split between threads, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, implementation, uniform
+from ops_testlib import ACT_DTYPES, ACT_IDS, IMPLS, assert_close_act, compiled_or_skip, implementation, uniform
 
 from rwkv.models.common import LAYER_NORM_EPS
 from rwkv.ops import _testing, reference as ref
@@ -11,9 +11,10 @@ from rwkv.ops import _testing, reference as ref
 OP = "ln_mix"
 
 
-def make_inputs(T, C, n, rng):
-    x = uniform((T, C), rng, 2.0, 4.0)  # an offset: the mean is not ~0, so it must be removed
-    sx = uniform((C,), rng)
+def make_inputs(T, C, n, rng, dtype=torch.float32):
+    """x and sx (activations) in dtype; w, b, mix fp32."""
+    x = uniform((T, C), rng, 2.0, 4.0, dtype=dtype)  # an offset: the mean is not ~0, so it must be removed
+    sx = uniform((C,), rng, dtype=dtype)
     w = uniform((C,), rng, 0.5, 1.5)
     b = uniform((C,), rng, -0.5, 0.5)
     mix = uniform((n, C), rng, 0.0, 1.0)
@@ -27,29 +28,31 @@ def spec64(x, sx, w, b, mix, lerp):
                            1 - m if lerp else None, LAYER_NORM_EPS)
 
 
-def check(fn, T, C, n, lerp, rng):
-    inputs = make_inputs(T, C, n, rng)
+def check(fn, T, C, n, lerp, rng, dtype=torch.float32):
+    inputs = make_inputs(T, C, n, rng, dtype)
     xx64, mixed64 = spec64(*inputs, lerp)
     xx, mixed = fn(*inputs, lerp, LAYER_NORM_EPS)
     assert xx.shape == (T, C) and mixed.shape == (n, T, C)
     # The layer norm divides by the row's spread (~0.6 here), which costs a few fp32 ulps.
-    assert_close_f32(xx, xx64, rtol=1e-5, atol=1e-5)
-    assert_close_f32(mixed, mixed64, rtol=1e-5, atol=1e-5)
+    assert_close_act(xx, xx64, dtype, rtol=1e-5, atol=1e-5)
+    assert_close_act(mixed, mixed64, dtype, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
 @pytest.mark.parametrize("T,C,n", [(1, 64, 1), (1, 40, 6), (3, 33, 2), (5, 2048, 4)])
-def test_ln_mix_matches_spec(impl, lerp, T, C, n, rng):
-    check(implementation(OP, impl, "cpu"), T, C, n, lerp, rng)
+def test_ln_mix_matches_spec(impl, dtype, lerp, T, C, n, rng):
+    check(implementation(OP, impl, "cpu"), T, C, n, lerp, rng, dtype)
 
 
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
 @pytest.mark.parametrize("T,C,n", [(1, 256, 5), (2, 17, 2), (4, 100, 1)])
-def test_ln_mix_isa(cpu_isa, lerp, T, C, n, rng):
+def test_ln_mix_isa(cpu_isa, dtype, lerp, T, C, n, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
-        check(fn, T, C, n, lerp, rng)
+        check(fn, T, C, n, lerp, rng, dtype)
 
 
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
@@ -67,13 +70,15 @@ def test_ln_mix_rows_equal_token_by_token(lerp, rng):
         prev = xx_t[0]
 
 
-def test_ln_mix_opcheck(rng):
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+def test_ln_mix_opcheck(dtype, rng):
     compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.ln_mix.default, (*make_inputs(3, 40, 2, rng), True, LAYER_NORM_EPS))
+    torch.library.opcheck(torch.ops.rwkv.ln_mix.default, (*make_inputs(3, 40, 2, rng, dtype), True, LAYER_NORM_EPS))
 
 
 REJECT_CASES = {
-    "x_dtype": "ln_mix: x must be float32, got bfloat16",
+    "x_dtype": "ln_mix: x must be float32 or bfloat16, got float16",
+    "sx_dtype": r"ln_mix: sx must be float32 \(x's dtype\), got bfloat16",
     "x_dim": r"ln_mix: x must have shape \[T, C\], got \[40\]",
     "sx_shape": r"ln_mix: sx must have shape \[C\] = \[40\], got \[39\]",
     "b_dtype": "ln_mix: b must be float32, got float16",
@@ -89,7 +94,9 @@ def test_ln_mix_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     x, sx, w, b, mix = make_inputs(3, 40, 2, rng)
     if case == "x_dtype":
-        x = x.bfloat16()
+        x = x.half()
+    elif case == "sx_dtype":
+        sx = sx.bfloat16()
     elif case == "x_dim":
         x = x[0]
     elif case == "sx_shape":

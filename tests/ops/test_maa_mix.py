@@ -1,20 +1,21 @@
-"""maa_mix: compiled kernel and reference vs the float64 spec, every CPU ISA, rows vs one-row calls,
-opcheck, errors."""
+"""maa_mix: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations, fp32 and
+bf16 w2), every CPU ISA, rows vs one-row calls, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import IMPLS, assert_close_f32, compiled_or_skip, implementation, uniform
+from ops_testlib import ACT_DTYPES, IMPLS, assert_close_act, compiled_or_skip, implementation, uniform
 
 from rwkv.ops import _testing, reference as ref
 
 OP = "maa_mix"
 
 
-def make_inputs(T, C, n, D, rng):
-    xx = uniform((T, C), rng, -2.0, 2.0)
-    sx = uniform((C,), rng, -2.0, 2.0)
-    z = uniform((T, n * D), rng, -3.0, 3.0)  # before tanh: covers its saturating range
-    w2 = uniform((n, D, C), rng, -0.3, 0.3)
+def make_inputs(T, C, n, D, rng, dtype=torch.float32, w2_dtype=torch.float32):
+    """xx, sx, z (activations) in dtype; w2 in w2_dtype; maa fp32."""
+    xx = uniform((T, C), rng, -2.0, 2.0, dtype=dtype)
+    sx = uniform((C,), rng, -2.0, 2.0, dtype=dtype)
+    z = uniform((T, n * D), rng, -3.0, 3.0, dtype=dtype)  # before tanh: covers its saturating range
+    w2 = uniform((n, D, C), rng, -0.3, 0.3, dtype=w2_dtype)
     maa = uniform((n, C), rng, 0.0, 1.0)
     return xx, sx, z, w2, maa
 
@@ -23,24 +24,31 @@ def spec64(xx, sx, z, w2, maa):
     return ref.maa_mix_math(*(t.double() for t in (xx, sx, z, w2)), maa.double().unsqueeze(1))
 
 
-def check(fn, T, C, n, D, rng):
-    inputs = make_inputs(T, C, n, D, rng)
+def check(fn, T, C, n, D, rng, dtypes=(torch.float32, torch.float32)):
+    inputs = make_inputs(T, C, n, D, rng, *dtypes)
     out = fn(*inputs)
     assert out.shape == (n, T, C)
-    assert_close_f32(out, spec64(*inputs), rtol=1e-5, atol=1e-5)
+    assert_close_act(out, spec64(*inputs), dtypes[0], rtol=1e-5, atol=1e-5)
+
+
+# (activation dtype, w2 dtype): the models' fp32 and bf16 layers, and the mixed pair.
+DTYPES = [(a, w) for a in ACT_DTYPES for w in ACT_DTYPES]
+DTYPE_IDS = ["fp32-fp32", "fp32-bf16w2", "bf16-fp32w2", "bf16-bf16"]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("T,C,n,D", [(1, 64, 5, 32), (1, 100, 5, 8), (3, 33, 2, 3), (4, 2048, 5, 32)])
-def test_maa_mix_matches_spec(impl, T, C, n, D, rng):
-    check(implementation(OP, impl, "cpu"), T, C, n, D, rng)
+def test_maa_mix_matches_spec(impl, dtypes, T, C, n, D, rng):
+    check(implementation(OP, impl, "cpu"), T, C, n, D, rng, dtypes)
 
 
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("T,C,n,D", [(1, 256, 5, 32), (2, 17, 5, 4), (3, 130, 1, 16)])
-def test_maa_mix_isa(cpu_isa, T, C, n, D, rng):
+def test_maa_mix_isa(cpu_isa, dtypes, T, C, n, D, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
-        check(fn, T, C, n, D, rng)
+        check(fn, T, C, n, D, rng, dtypes)
 
 
 def test_maa_mix_rows_equal_token_by_token(rng):
@@ -55,13 +63,16 @@ def test_maa_mix_rows_equal_token_by_token(rng):
         prev = xx[t]
 
 
-def test_maa_mix_opcheck(rng):
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
+def test_maa_mix_opcheck(dtypes, rng):
     compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.maa_mix.default, make_inputs(3, 40, 5, 4, rng))
+    torch.library.opcheck(torch.ops.rwkv.maa_mix.default, make_inputs(3, 40, 5, 4, rng, *dtypes))
 
 
 REJECT_CASES = {
-    "xx_dtype": "maa_mix: xx must be float32, got bfloat16",
+    "xx_dtype": "maa_mix: xx must be float32 or bfloat16, got float16",
+    "z_dtype": r"maa_mix: z must be float32 \(xx's dtype\), got bfloat16",
+    "w2_dtype": "maa_mix: w2 must be float32 or bfloat16, got float64",
     "sx_shape": r"maa_mix: sx must have shape \[C\] = \[40\], got \[41\]",
     "w2_dim": r"maa_mix: w2 must have shape \[n, D, C\], got \[20, 40\]",
     "w2_shape": r"maa_mix: w2 must have shape \[n, D, C\] = \[5, 4, 40\], got \[5, 4, 39\]",
@@ -77,7 +88,11 @@ def test_maa_mix_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     xx, sx, z, w2, maa = make_inputs(3, 40, 5, 4, rng)
     if case == "xx_dtype":
-        xx = xx.bfloat16()
+        xx = xx.half()
+    elif case == "z_dtype":
+        z = z.bfloat16()
+    elif case == "w2_dtype":
+        w2 = w2.double()
     elif case == "sx_shape":
         sx = torch.cat([sx, sx[:1]])
     elif case == "w2_dim":

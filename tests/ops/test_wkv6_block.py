@@ -1,9 +1,10 @@
-"""wkv6_block: compiled kernel and reference vs the float64 spec, every CPU ISA, opcheck, errors."""
+"""wkv6_block: compiled kernel and reference vs the float64 spec (fp32 and bf16 gates, the activation
+dtype), every CPU ISA, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import (IMPLS, assert_block_sequence_equals_steps, assert_close_f32, compiled_or_skip, f64,
-                         implementation, uniform)
+from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, assert_block_sequence_equals_steps, assert_close_act,
+                         assert_close_f32, compiled_or_skip, f64, implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
 from rwkv.ops import _testing, reference as ref
@@ -13,10 +14,12 @@ OP = "wkv6_block"
 PARAM_RANGES = ((-6, 0), (-1, 1), (0.5, 1.5), (-0.5, 0.5))
 
 
-def make_inputs(T, H, N, rng):
+def make_inputs(T, H, N, rng, dtype=torch.float32):
+    """g (the activation: the result's dtype) in dtype; everything else fp32."""
     C = H * N
     state = uniform((H, N, N), rng)
-    r, k, v, g = (uniform((T, C), rng) for _ in range(4))
+    r, k, v = (uniform((T, C), rng) for _ in range(3))
+    g = uniform((T, C), rng, dtype=dtype)
     w = uniform((T, C), rng, -2, 2)
     p = torch.stack([uniform((C,), rng, lo, hi) for lo, hi in PARAM_RANGES])
     return state, r, k, v, w, g, p
@@ -30,27 +33,29 @@ def spec64(state, r, k, v, w, g, p):
     return y, S
 
 
-def check(fn, T, H, N, rng):
-    state, *rest = make_inputs(T, H, N, rng)
+def check(fn, T, H, N, rng, dtype=torch.float32):
+    state, *rest = make_inputs(T, H, N, rng, dtype)
     y64, s64 = spec64(state, *rest)
     y = fn(state, *rest, GROUP_NORM_EPS)
-    assert y.shape == (T, H * N) and y.dtype == torch.float32
+    assert y.shape == (T, H * N)
     # The group norm divides by a head's spread of values, which costs a few fp32 ulps.
-    assert_close_f32(y, y64, rtol=1e-4, atol=1e-4)
-    assert_close_f32(state, s64)  # updated in place
+    assert_close_act(y, y64, dtype, rtol=1e-4, atol=1e-4)
+    assert_close_f32(state, s64)  # updated in place, fp32 whatever the activations
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("T,H,N", [(1, 3, 2), (1, 2, 64), (6, 3, 20), (4, 2, 33)])
-def test_wkv6_block_matches_spec(impl, T, H, N, rng):
-    check(implementation(OP, impl, "cpu"), T, H, N, rng)
+def test_wkv6_block_matches_spec(impl, dtype, T, H, N, rng):
+    check(implementation(OP, impl, "cpu"), T, H, N, rng, dtype)
 
 
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("T,H,N", [(1, 4, 64), (3, 3, 7), (2, 2, 40)])
-def test_wkv6_block_isa(cpu_isa, T, H, N, rng):
+def test_wkv6_block_isa(cpu_isa, dtype, T, H, N, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
-        check(fn, T, H, N, rng)
+        check(fn, T, H, N, rng, dtype)
 
 
 def test_wkv6_block_sequence_equals_token_by_token(rng):
@@ -58,15 +63,17 @@ def test_wkv6_block_sequence_equals_token_by_token(rng):
     assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
 
 
-def test_wkv6_block_opcheck(rng):
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+def test_wkv6_block_opcheck(dtype, rng):
     compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.wkv6_block.default, (*make_inputs(3, 2, 8, rng), GROUP_NORM_EPS))
+    torch.library.opcheck(torch.ops.rwkv.wkv6_block.default, (*make_inputs(3, 2, 8, rng, dtype), GROUP_NORM_EPS))
 
 
 REJECT_CASES = {
     "state_strided": r"wkv6_block: state must be contiguous, got strides \[64, 1, 8\]",
     "w_shape": r"wkv6_block: w must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
-    "g_dtype": "wkv6_block: g must be float32, got bfloat16",
+    "g_dtype": "wkv6_block: g must be float32 or bfloat16, got float16",
+    "k_dtype": "wkv6_block: k must be float32, got bfloat16",
     "p_shape": r"wkv6_block: p must have shape \[4, H\*N\] = \[4, 16\], got \[8, 16\]",
     "device": r"wkv6_block: v must be on the same device as state \(cpu\), got meta",
 }
@@ -83,7 +90,9 @@ def test_wkv6_block_rejects(impl, case, rng):
     elif case == "w_shape":
         w = w[:2]
     elif case == "g_dtype":
-        g = g.bfloat16()
+        g = g.half()
+    elif case == "k_dtype":
+        k = k.bfloat16()
     elif case == "p_shape":
         p = torch.cat([p, p])
     elif case == "device":

@@ -1,9 +1,10 @@
-"""wkv7_block: compiled kernel and reference vs the float64 spec, every CPU ISA, opcheck, errors."""
+"""wkv7_block: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations), every
+CPU ISA, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import (IMPLS, assert_block_sequence_equals_steps, assert_close_f32, compiled_or_skip, f64,
-                         implementation, uniform)
+from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, assert_block_sequence_equals_steps, assert_close_act,
+                         assert_close_f32, compiled_or_skip, f64, implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
 from rwkv.ops import _testing, reference as ref
@@ -13,11 +14,13 @@ OP = "wkv7_block"
 PARAM_RANGES = ((-3, 1), (-1, 1), (-1, 1), (0.5, 1.5), (0, 1), (-1, 1), (0.5, 1.5), (-0.5, 0.5))
 
 
-def make_inputs(T, H, N, rng, first_layer=False):
+def make_inputs(T, H, N, rng, first_layer=False, dtype=torch.float32):
+    """The [T, H*N] activations in dtype; state and p fp32."""
     C = H * N
     state = uniform((H, N, N), rng)
-    r, w, k, v, a, g = (uniform((T, C), rng, -2, 2) for _ in range(6))
-    v_first, v_gate = (None, None) if first_layer else (uniform((T, C), rng), uniform((T, C), rng, -2, 2))
+    r, w, k, v, a, g = (uniform((T, C), rng, -2, 2, dtype=dtype) for _ in range(6))
+    v_first, v_gate = (None, None) if first_layer else (uniform((T, C), rng, dtype=dtype),
+                                                        uniform((T, C), rng, -2, 2, dtype=dtype))
     p = torch.stack([uniform((C,), rng, lo, hi) for lo, hi in PARAM_RANGES])
     return state, r, w, k, v, a, g, v_first, v_gate, p
 
@@ -31,29 +34,31 @@ def spec64(state, r, w, k, v, a, g, v_first, v_gate, p):
     return y, S
 
 
-def check(fn, T, H, N, rng, first_layer=False):
-    state, *rest = make_inputs(T, H, N, rng, first_layer)
+def check(fn, T, H, N, rng, first_layer=False, dtype=torch.float32):
+    state, *rest = make_inputs(T, H, N, rng, first_layer, dtype)
     y64, s64 = spec64(state, *rest)
     y = fn(state, *rest, GROUP_NORM_EPS)
-    assert y.shape == (T, H * N) and y.dtype == torch.float32
+    assert y.shape == (T, H * N)
     # The group norm divides by a head's spread of values, which costs a few fp32 ulps.
-    assert_close_f32(y, y64, rtol=1e-4, atol=1e-4)
-    assert_close_f32(state, s64)  # updated in place
+    assert_close_act(y, y64, dtype, rtol=1e-4, atol=1e-4)
+    assert_close_f32(state, s64)  # updated in place, fp32 whatever the activations
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("first_layer", [False, True])
 @pytest.mark.parametrize("T,H,N", [(1, 3, 2), (1, 2, 64), (6, 3, 20), (4, 2, 33)])
-def test_wkv7_block_matches_spec(impl, first_layer, T, H, N, rng):
-    check(implementation(OP, impl, "cpu"), T, H, N, rng, first_layer)
+def test_wkv7_block_matches_spec(impl, dtype, first_layer, T, H, N, rng):
+    check(implementation(OP, impl, "cpu"), T, H, N, rng, first_layer, dtype)
 
 
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("first_layer", [False, True])
 @pytest.mark.parametrize("T,H,N", [(1, 4, 64), (3, 3, 7), (2, 2, 40)])
-def test_wkv7_block_isa(cpu_isa, first_layer, T, H, N, rng):
+def test_wkv7_block_isa(cpu_isa, dtype, first_layer, T, H, N, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
-        check(fn, T, H, N, rng, first_layer)
+        check(fn, T, H, N, rng, first_layer, dtype)
 
 
 def test_wkv7_block_sequence_equals_token_by_token(rng):
@@ -61,16 +66,19 @@ def test_wkv7_block_sequence_equals_token_by_token(rng):
     assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
 
 
-def test_wkv7_block_opcheck(rng):
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+def test_wkv7_block_opcheck(dtype, rng):
     compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (*make_inputs(3, 2, 8, rng), GROUP_NORM_EPS))
+    torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (*make_inputs(3, 2, 8, rng, dtype=dtype), GROUP_NORM_EPS))
 
 
 REJECT_CASES = {
     "state_dtype": "wkv7_block: state must be float32, got float16",
     "g_shape": r"wkv7_block: g must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
     "v_first_alone": "wkv7_block: v_first and v_gate must be given together .* got v_first only",
-    "v_gate_dtype": "wkv7_block: v_gate must be float32, got float64",
+    "v_gate_dtype": r"wkv7_block: v_gate must be float32 \(r's dtype\), got float64",
+    "r_dtype": "wkv7_block: r must be float32 or bfloat16, got float16",
+    "w_dtype": r"wkv7_block: w must be bfloat16 \(r's dtype\), got float32",
     "p_shape": r"wkv7_block: p must have shape \[8, H\*N\] = \[8, 16\], got \[7, 16\]",
     "p_strided": r"wkv7_block: p must be contiguous, got strides \[1, 8\]",
     "device": r"wkv7_block: k must be on the same device as state \(cpu\), got meta",
@@ -91,6 +99,10 @@ def test_wkv7_block_rejects(impl, case, rng):
         v_gate = None
     elif case == "v_gate_dtype":
         v_gate = v_gate.double()
+    elif case == "r_dtype":
+        r = r.half()
+    elif case == "w_dtype":  # r bf16, the others fp32
+        r = r.bfloat16()
     elif case == "p_shape":
         p = p[:7]
     elif case == "p_strided":

@@ -30,7 +30,8 @@ void fill_kernel_table(KernelTable* table) {
   table->wkv7_block = &wkv7_block<V>;
   table->layer_norm = &layer_norm_rows<V>;
   table->shift_mix = &shift_mix_rows<V>;
-  table->maa_mix = &maa_mix<V>;
+  table->maa_mix_f32 = &maa_mix<V, float>;
+  table->maa_mix_bf16 = &maa_mix<V, uint16_t>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
   table->mm8_quantize_i16 = &mm8_quantize_i16<V>;

@@ -11,12 +11,6 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// One register of weights, for either element type.
-template <class V>
-inline typename V::reg linear_load(const float* p) { return V::load(p); }
-template <class V>
-inline typename V::reg linear_load(const uint16_t* p) { return V::load_bf16(p); }
-
 // Columns [m, m + B).
 template <class V, int B, class T>
 inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, float* y) {
@@ -32,12 +26,12 @@ inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, flo
   int64_t n = 0;
   for (; n + W <= N; n += W) {
     const R xv = V::load(x + n);
-    for (int b = 0; b < B; ++b) acc[b] = V::fma(xv, linear_load<V>(col[b] + n), acc[b]);
+    for (int b = 0; b < B; ++b) acc[b] = V::fma(xv, load_elems<V>(col[b] + n), acc[b]);
   }
   float dot[B];
   for (int b = 0; b < B; ++b) dot[b] = V::reduce_add(acc[b]);
   for (; n < N; ++n)
-    for (int b = 0; b < B; ++b) dot[b] += x[n] * linear_load<S>(col[b] + n);
+    for (int b = 0; b < B; ++b) dot[b] += x[n] * load_elems<S>(col[b] + n);
   for (int b = 0; b < B; ++b) y[m + b] = dot[b];
 }
 

@@ -71,6 +71,13 @@ struct VecScalar {
   };
 };
 
+// One register of V from fp32 elements, or from bf16 ones widened (exact): for kernels that
+// read weights of either type.
+template <class V>
+inline typename V::reg load_elems(const float* p) { return V::load(p); }
+template <class V>
+inline typename V::reg load_elems(const uint16_t* p) { return V::load_bf16(p); }
+
 }  // namespace RWKV_ISA
 }  // namespace cpu
 }  // namespace rwkv

@@ -1,0 +1,37 @@
+// The fused CPU ops' activations in either dtype the model uses (fp32 or bf16) for kernels that
+// compute in fp32: widened() gives a bf16 tensor's values as a new contiguous fp32 tensor (exact),
+// narrowed() an fp32 result in the op's output dtype (bf16: rounded to nearest even, as torch's
+// .to() does). A plain loop each: while decoding these are a few thousand values, where an ATen
+// conversion's dispatch and TensorIterator set-up would cost more than the copy.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+
+namespace rwkv {
+namespace cpu {
+
+// t's values as a contiguous fp32 tensor: t itself (made contiguous) when it is fp32.
+inline at::Tensor widened(const at::Tensor& t) {
+  if (t.scalar_type() == at::kFloat) return t.contiguous();
+  const at::Tensor src = t.contiguous();
+  at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kFloat));
+  const c10::BFloat16* s = src.data_ptr<c10::BFloat16>();
+  float* d = out.data_ptr<float>();
+  for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = static_cast<float>(s[i]);
+  return out;
+}
+
+// y (contiguous fp32) in dtype dt: y itself when dt is fp32, else its values rounded to bf16.
+inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
+  if (dt == at::kFloat) return y;
+  at::Tensor out = at::empty(y.sizes(), y.options().dtype(dt));
+  const float* s = y.data_ptr<float>();
+  c10::BFloat16* d = out.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) d[i] = c10::BFloat16(s[i]);
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace rwkv
