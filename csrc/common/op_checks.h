@@ -272,8 +272,7 @@ inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, cons
   const char* op = "maa_mix";
   check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
   const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
-  TORCH_CHECK(w2.scalar_type() == at::kFloat || w2.scalar_type() == at::kBFloat16, op,
-              ": w2 must be float32 or bfloat16, got ", dtype_name(w2.scalar_type()));
+  check_activation_dtype(op, "w2", w2);  // the same two dtypes as the activations
   RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
   const int64_t n = w2.size(0), D = w2.size(1);
   RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);

@@ -208,8 +208,7 @@ def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
     op = "maa_mix"
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
-    torch._check(w2.dtype in (torch.float32, torch.bfloat16),
-                 lambda: f"{op}: w2 must be float32 or bfloat16, got {dtype_name(w2.dtype)}")
+    check_activation_dtype(op, "w2", w2)  # the same two dtypes as the activations
     check_dim(op, "w2", w2, "[n, D, C]", 3)
     n, D = int(w2.shape[0]), int(w2.shape[1])
     check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))

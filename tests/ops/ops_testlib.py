@@ -39,9 +39,13 @@ def f64(*tensors):
 def assert_close_f32(actual, expected64, rtol=2e-5, atol=2e-5):
     """fp32 result against a float64 evaluation of the spec; atol scales with the result."""
     assert actual.dtype == torch.float32, actual.dtype
+    _assert_close_scaled(actual, expected64, rtol, atol)
+
+
+def _assert_close_scaled(actual, expected64, rtol, atol):
+    """assert_close in float64 with atol scaled by the expected result's magnitude (at least 1)."""
     scale = max(1.0, float(expected64.abs().max())) if expected64.numel() else 1.0
-    torch.testing.assert_close(actual.double().cpu(), expected64.cpu(), rtol=rtol,
-                               atol=atol * scale)
+    torch.testing.assert_close(actual.double().cpu(), expected64.cpu(), rtol=rtol, atol=atol * scale)
 
 
 #: The activation dtypes of the fused CPU ops (ln_mix, maa_mix, wkv6_block, wkv7_block).
@@ -54,11 +58,7 @@ def assert_close_act(actual, expected64, dtype, rtol=2e-5, atol=2e-5):
     assert_close_f32; bf16 is computed in fp32 and rounded once, so it may also be off by half a
     bf16 ulp (2^-8 of the value)."""
     assert actual.dtype == dtype, actual.dtype
-    if dtype == torch.float32:
-        assert_close_f32(actual, expected64, rtol, atol)
-        return
-    scale = max(1.0, float(expected64.abs().max())) if expected64.numel() else 1.0
-    torch.testing.assert_close(actual.double().cpu(), expected64.cpu(), rtol=2 ** -8 + rtol, atol=atol * scale)
+    _assert_close_scaled(actual, expected64, rtol if dtype == torch.float32 else 2 ** -8 + rtol, atol)
 
 
 def assert_low_precision_ok(actual, expected64, low_precision_ref):
