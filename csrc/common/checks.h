@@ -44,6 +44,12 @@ inline const char* dtype_name(c10::ScalarType t) {
 #define RWKV_CHECK_DIM(op, x, pattern, ndim) \
   TORCH_CHECK((x).dim() == (ndim), op, ": " #x " must have shape " pattern ", got ", (x).sizes())
 
+// A one-token product's x: [N] or [1, N] (one row; its result keeps the row: [M] or [1, M], so
+// the model passes its [1, C] activations without a reshape on either side).
+#define RWKV_CHECK_ONE_ROW(op, x)                                                     \
+  TORCH_CHECK((x).dim() == 1 || ((x).dim() == 2 && (x).size(0) == 1), op,             \
+              ": " #x " must have shape [N] or [1, N] (one token), got ", (x).sizes())
+
 // x must have exactly the shape given by the trailing sizes; `pattern` names them.
 #define RWKV_CHECK_SHAPE(op, x, pattern, ...)                                                  \
   do {                                                                                         \

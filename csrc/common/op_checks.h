@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/checks.h"
 
@@ -178,7 +179,12 @@ inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, co
 
 struct Mm8Dims { int64_t T, N, M; };
 
-// mm8_one (seq = false, x [N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.
+// The shape of a one-token product's result: [M] for x [N], [1, M] for x [1, N].
+inline std::vector<int64_t> one_row_shape(const at::Tensor& x, int64_t M) {
+  return x.dim() == 2 ? std::vector<int64_t>{1, M} : std::vector<int64_t>{M};
+}
+
+// mm8_one (seq = false, x [N] or [1, N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.
 inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
                          const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
                          const at::Tensor& ry) {
@@ -190,7 +196,7 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
   if (seq) {
     RWKV_CHECK_DIM(op, x, "[T, N]", 2);
   } else {
-    RWKV_CHECK_DIM(op, x, "[N]", 1);
+    RWKV_CHECK_ONE_ROW(op, x);
   }
   const int64_t N = x.size(-1);
   RWKV_CHECK_DTYPE(op, w, at::kByte);
@@ -217,17 +223,18 @@ inline bool column_major(const at::Tensor& w) {
 
 struct LinearDims { int64_t N, M; };
 
-// linear_one: x [N] and w [N, M] both bf16 or both fp32, w column-major (w.t() contiguous).
+// linear_one: x [N] or [1, N] and w [N, M] both bf16 or both fp32, w column-major (w.t()
+// contiguous).
 // `op` names the op in messages (linear_one_group names the product).
 inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w,
                                    const char* op = "linear_one") {
   check_same_device(op, {{"x", &x}, {"w", &w}});
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, op,
               ": x must be bfloat16 or float32, got ", dtype_name(x.scalar_type()));
-  RWKV_CHECK_DIM(op, x, "[N]", 1);
+  RWKV_CHECK_ONE_ROW(op, x);
   RWKV_CHECK_DTYPE_AS(op, w, x.scalar_type(), " (x's dtype)");
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
-  const int64_t N = x.size(0), M = w.size(1);
+  const int64_t N = x.size(-1), M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
   TORCH_CHECK(column_major(w), op, ": w must be column-major (w.t() contiguous), got strides ",
               w.strides());

@@ -56,7 +56,7 @@ at::Tensor fp32(const at::Tensor& t);
 at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x);
 
 // Prepares arguments that passed check_mm8 (which gave d). Sequences (seq) keep xs and the sums
-// in tensors (the tiled path hands them to at::mm); one token (x [N]) writes them to
+// in tensors (the tiled path hands them to at::mm); one token (x [N] or [1, N]) writes them to
 // `one_token_buf`, which must hold mm8_one_token_floats(N) floats, 64-byte aligned.
 Mm8Prepared mm8_prepare(const Mm8Dims& d, bool seq, const at::Tensor& x, const at::Tensor& w,
                         const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,

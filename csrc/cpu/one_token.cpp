@@ -37,7 +37,7 @@ struct Product {
   const at::Tensor* side;  // int8: mx, rx, my, ry in a row; dense: nullptr
   Act act;
   int64_t N = 0, M = 0;
-  at::Tensor x32, y;  // x in fp32; y [M] fp32
+  at::Tensor x32, y;  // x in fp32; y fp32, [M] or [1, M] as x
   Mm8Prepared p;      // int8 only
   int16_t* xq = nullptr;
   float scale = 0.0f;  // int8: 0 = the fp32 loop (xs all zero or not finite)
@@ -93,7 +93,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       // (Only when needed: a no-op .to() still costs a dispatch per product.)
       pr.x32 = fp32(*pr.x);
     }
-    pr.y = at::empty({pr.M}, pr.x32.options());
+    pr.y = at::empty(one_row_shape(*pr.x, pr.M), pr.x32.options());
   }
   std::vector<int64_t> columns, bytes;
   for (const Product& pr : prs) {

@@ -35,7 +35,8 @@ at::Tensor activated(const at::Tensor& y, rwkv::Act a) {
   return r.to(y.scalar_type());
 }
 
-// x [N] bf16; w [N, M] bf16 column-major (w.t() contiguous). Returns y [M] bf16.
+// x [N] or [1, N] bf16; w [N, M] bf16 column-major (w.t() contiguous). Returns y [M] or [1, M]
+// bf16.
 at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w, int64_t act) {
   const auto [N, M] = rwkv::check_linear_one(x, w);
   const rwkv::Act a = rwkv::check_act("linear_one", act);
@@ -45,7 +46,7 @@ at::Tensor linear_one_cuda(const at::Tensor& x, const at::Tensor& w, int64_t act
               "linear_one: float32 is implemented on CPU only; on CUDA pass bfloat16 or use x @ w");
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({M}, x.options());
+  at::Tensor y = at::empty(rwkv::one_row_shape(x, M), x.options());
   if (M == 0) return y;
   const auto aligned16 = [](const void* p) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;

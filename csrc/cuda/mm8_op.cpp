@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "common/op_checks.h"
 #include "cuda/kernels.h"
@@ -15,9 +16,9 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// x [T, N] (seq) or [N] (one) fp32/fp16/bf16; w [N, M] uint8, any strides (column-major, i.e.
+// x [T, N] (seq) or [N] / [1, N] (one) fp32/fp16/bf16; w [N, M] uint8, any strides (column-major, i.e.
 // w.t() contiguous, is used as is; other layouts are copied once into that layout); mx, rx [M]
-// and my, ry [N, 1] in x's dtype. Returns y [T, M] or [M] in x's dtype.
+// and my, ry [N, 1] in x's dtype. Returns y [T, M] or [M] / [1, M] in x's dtype.
 at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
                     const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
                     const at::Tensor& ry) {
@@ -30,7 +31,8 @@ at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Ten
   const at::Tensor wt = w.t().contiguous();
   const at::Tensor xc = x.contiguous(), mxc = mx.contiguous(), rxc = rx.contiguous(),
                    myc = my.contiguous(), ryc = ry.contiguous();
-  at::Tensor y = seq ? at::empty({T, M}, x.options()) : at::empty({M}, x.options());
+  at::Tensor y =
+      at::empty(seq ? std::vector<int64_t>{T, M} : rwkv::one_row_shape(x, M), x.options());
   if (T == 0 || M == 0) return y;
   const bool vec = N % 16 == 0 && aligned16(xc.data_ptr()) && aligned16(wt.data_ptr()) &&
                    aligned16(myc.data_ptr()) && aligned16(ryc.data_ptr());

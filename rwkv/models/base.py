@@ -39,6 +39,12 @@ def _time_mix_class(version: float):
     return TimeMixV5
 
 
+def _moved(x: torch.Tensor, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """x in dtype on dev; x itself, without a call, when it already is (the traced one-token graph
+    then holds no no-op conversion per layer)."""
+    return x if x.dtype == dtype and x.device == dev else x.to(dtype=dtype, device=dev)
+
+
 def _on_device(t: torch.Tensor, dev: torch.device) -> bool:
     return t.device.type == dev.type and (dev.index is None or t.device.index in (dev.index, None))
 
@@ -157,7 +163,7 @@ class Runtime:
         own = (lambda t: t.clone()) if rows(x) > 1 else (lambda t: t)  # noqa: E731
         for i in range(info.n_layer):
             dd, dev = self.plan[i], self.devices[i]
-            x = x.to(dtype=dd.atype, device=dev)
+            x = _moved(x, dd.atype, dev)
             s = state[i * per:(i + 1) * per]
             att, ffn = self.att[i], self.ffn[i]
             if info.version == 4:
@@ -178,9 +184,9 @@ class Runtime:
         if not full_output:
             x = x[-1:]
         hd = self.plan[info.n_layer]
-        x = x.to(dtype=hd.atype, device=self.devices[info.n_layer])
+        x = _moved(x, hd.atype, self.devices[info.n_layer])
         x = layer_norm(x, *self.ln_out)
-        logits = self.head(x).float()
+        logits = self.head(x, torch.float32)
         if rows(logits) == 1:
             logits = logits[0]
         return logits, new_state

@@ -157,18 +157,18 @@ class Projection:
     def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype, act: int) -> tuple:
         """(y, whether the activation ``act`` is applied): the one-token kernels apply it to their
         fp32 result, in the same call."""
-        # One token: the vector ops take x [N] and give [M]; view() is the cheapest reshape (a
-        # share of one-token decode time goes to such per-op overheads).
+        # One token: the one-token ops take x [1, N] and give [1, M] (no reshapes: while decoding,
+        # each extra op is a measurable share of the token's time).
         if self.int8:
             if rows(x) == 1:
                 if self._one_act:
-                    return self._one(x.view(-1), W, *side, act).view(1, -1), True
-                return self._one(x.view(-1), W, *side).view(1, -1), False
+                    return self._one(x, W, *side, act), True
+                return self._one(x, W, *side), False
             return self._seq(x, W, *side), False
         if out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True), False
         if self._dense_one is not None and rows(x) == 1 and x.dtype == W.dtype:
-            return self._dense_one(x.view(-1), W, act).view(1, -1), True
+            return self._dense_one(x, W, act), True
         return x @ W, False
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
@@ -212,9 +212,8 @@ class ProjectionGroup:
     def __call__(self, xs: list) -> list:
         if (self.op is not None and rows(xs[0]) == 1 and all(p.groupable for p in self.projs)
                 and all(x.dtype == p.weight.dtype for x, p in zip(xs, self.projs) if not p.int8)):
-            ys = self.op([x.view(-1) for x in xs], self.weights, self.side, self.acts)
-            return [y.view(1, -1) if od is None or y.dtype == od else y.view(1, -1).to(od)
-                    for y, od in zip(ys, self.out_dtypes)]
+            ys = self.op(xs, self.weights, self.side, self.acts)
+            return [y if od is None or y.dtype == od else y.to(od) for y, od in zip(ys, self.out_dtypes)]
         return [p(x, od, act) for (p, act, od), x in zip(self.members, xs)]
 
 

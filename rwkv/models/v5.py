@@ -100,7 +100,7 @@ class TimeMixV6(TimeMixV5):
             mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa)
         wx, kx, vx, rx, gx = mixed.unbind(0)  # (5, T, C): w, k, v, r, g
         r, k, v, g, w1 = self.products([rx, kx, vx, gx, wx])
-        return xx, (r, k, v, g, self.decay_w2(w1).float())
+        return xx, (r, k, v, g, self.decay_w2(w1, torch.float32))
 
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]

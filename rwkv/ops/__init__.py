@@ -73,7 +73,8 @@ def wkv7_block(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Ten
 
 def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
             *, mode: str = "auto") -> Tensor:
-    """x [N] @ int8 w [N, M] (mx, rx [M]; my, ry [N, 1]); returns [M] in x's dtype."""
+    """x [N] (or [1, N]) @ int8 w [N, M] (mx, rx [M]; my, ry [N, 1]); returns [M] (or [1, M]) in
+    x's dtype."""
     return resolve("mm8_one", x.device.type, mode)(x, w, mx, rx, my, ry)
 
 
@@ -81,7 +82,8 @@ def mm8_one_i16(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Te
                 *, mode: str = "auto") -> Tensor:
     """mm8_one with x*ry rounded to int16 (one scale per call) and exact integer dot products:
     the CPU decode path for int8 weights (docs/kernels.md). act: an activation code of
-    ``_checks.ACTIVATIONS`` applied to the output (0: none). Returns [M] in x's dtype."""
+    ``_checks.ACTIVATIONS`` applied to the output (0: none). Returns [M] (or [1, M] for x [1, N])
+    in x's dtype."""
     return resolve("mm8_one_i16", x.device.type, mode)(x, w, mx, rx, my, ry, act)
 
 
@@ -104,7 +106,7 @@ def gemm_fp16(a: Tensor, b: Tensor, fp32_out: bool, *, mode: str = "auto") -> Te
 
 
 def linear_one(x: Tensor, w: Tensor, act: int = 0, *, mode: str = "auto") -> Tensor:
-    """x [N] @ w [N, M], both bf16 or both fp32 (column-major: w.t() contiguous), fp32
+    """x [N] (or [1, N]) @ w [N, M], both bf16 or both fp32 (column-major: w.t() contiguous), fp32
     accumulation, then the activation code ``act`` (``_checks.ACTIVATIONS``; 0: none)."""
     return resolve("linear_one", x.device.type, mode)(x, w, act)
 

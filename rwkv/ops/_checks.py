@@ -217,12 +217,26 @@ def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
     return T, C, n, D
 
 
-def validate_mm8(op: str, x, w, mx, rx, my, ry, x_pattern: str, x_ndim: int) -> tuple:
-    """Checks mm8_one/mm8_seq arguments; returns (N, M)."""
+def check_one_row(op: str, name: str, t: torch.Tensor) -> None:
+    """A one-token product's x: [N] or [1, N] (one row; the result keeps it: [M] or [1, M])."""
+    torch._check(t.dim() == 1 or (t.dim() == 2 and t.shape[0] == 1),
+                 lambda: f"{op}: {name} must have shape [N] or [1, N] (one token), got {_shape(t)}")
+
+
+def one_row_shape(x: torch.Tensor, M: int) -> tuple:
+    """The shape of a one-token product's result: (M,) for x [N], (1, M) for x [1, N]."""
+    return (1, M) if x.dim() == 2 else (M,)
+
+
+def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool) -> tuple:
+    """Checks mm8_seq (seq: x [T, N]) or one-token (x [N] or [1, N]) arguments; returns (N, M)."""
     check_same_device(op, ("x", "w", "mx", "rx", "my", "ry"), (x, w, mx, rx, my, ry))
     torch._check(x.dtype in FLOAT_DTYPES,
                  lambda: f"{op}: x must be float32, bfloat16 or float16, got {dtype_name(x.dtype)}")
-    check_dim(op, "x", x, x_pattern, x_ndim)
+    if seq:
+        check_dim(op, "x", x, "[T, N]", 2)
+    else:
+        check_one_row(op, "x", x)
     N = int(x.shape[-1])
     check_dtype(op, "w", w, torch.uint8)
     check_dim(op, "w", w, "[N, M]", 2)
@@ -254,10 +268,10 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
     check_same_device(op, ("x", "w"), (x, w))
     torch._check(x.dtype in (torch.bfloat16, torch.float32),
                  lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
-    check_dim(op, "x", x, "[N]", 1)
+    check_one_row(op, "x", x)
     check_dtype(op, "w", w, x.dtype, " (x's dtype)")
     check_dim(op, "w", w, "[N, M]", 2)
-    N, M = int(x.shape[0]), int(w.shape[1])
+    N, M = int(x.shape[-1]), int(w.shape[1])
     check_shape(op, "w", w, "[N, M]", (N, M))
     torch._check(w.t().is_contiguous(),
                  lambda: f"{op}: w must be column-major (w.t() contiguous), got strides "
@@ -293,6 +307,6 @@ def validate_linear_one_group(x, w, side, act) -> list:
         if side_i is None:
             dims.append(validate_linear_one(xi, wi, name))
         else:
-            dims.append(validate_mm8(name, xi, wi, *side_i, "[N]", 1))
+            dims.append(validate_mm8(name, xi, wi, *side_i, False))
         check_act(name, a)
     return dims

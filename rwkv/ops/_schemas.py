@@ -125,15 +125,15 @@ def _maa_mix_fake(xx, sx, z, w2, maa):
     return xx.new_empty((n, T, C))
 
 
-# x: [N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
-# mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] in x's dtype.
+# x: [N] or [1, N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
+# mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] or [1, M] (as x) in x's dtype.
 _define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::mm8_one")
 def _mm8_one_fake(x, w, mx, rx, my, ry):
-    N, M = _checks.validate_mm8("mm8_one", x, w, mx, rx, my, ry, "[N]", 1)
-    return x.new_empty((M,))
+    N, M = _checks.validate_mm8("mm8_one", x, w, mx, rx, my, ry, False)
+    return x.new_empty(_checks.one_row_shape(x, M))
 
 
 # x: [T, N] fp32|bf16|fp16; otherwise as mm8_one. Returns y: [T, M] in x's dtype.
@@ -142,7 +142,7 @@ _define("mm8_seq", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor
 
 @torch.library.register_fake(f"{_LIB}::mm8_seq")
 def _mm8_seq_fake(x, w, mx, rx, my, ry):
-    N, M = _checks.validate_mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
+    N, M = _checks.validate_mm8("mm8_seq", x, w, mx, rx, my, ry, True)
     return x.new_empty((int(x.shape[0]), M))
 
 
@@ -156,9 +156,9 @@ _define("mm8_one_i16",
 
 @torch.library.register_fake(f"{_LIB}::mm8_one_i16")
 def _mm8_one_i16_fake(x, w, mx, rx, my, ry, act=0):
-    N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False)
     _checks.check_act("mm8_one_i16", act)
-    return x.new_empty((M,))
+    return x.new_empty(_checks.one_row_shape(x, M))
 
 
 # a: [T, K] fp16; b: [K, M] fp16; fp32 accumulation. Returns [T, M] fp32 if fp32_out else fp16.
@@ -171,9 +171,9 @@ def _gemm_fp16_fake(a, b, fp32_out):
     return a.new_empty((T, M), dtype=torch.float32 if fp32_out else torch.float16)
 
 
-# x: [N] and w: [N, M] both bf16 or both fp32 (fp32: CPU only), w column-major (w.t()
+# x: [N] or [1, N] and w: [N, M] both bf16 or both fp32 (fp32: CPU only), w column-major (w.t()
 # contiguous); fp32 accumulation; act: an activation of y (ACTIVATIONS; 0 = none). Returns y: [M]
-# in x's dtype.
+# or [1, M] (as x) in x's dtype.
 _define("linear_one", "(Tensor x, Tensor w, int act=0) -> Tensor")
 
 
@@ -181,7 +181,7 @@ _define("linear_one", "(Tensor x, Tensor w, int act=0) -> Tensor")
 def _linear_one_fake(x, w, act=0):
     N, M = _checks.validate_linear_one(x, w)
     _checks.check_act("linear_one", act)
-    return x.new_empty((M,))
+    return x.new_empty(_checks.one_row_shape(x, M))
 
 
 # Several one-token products in one call (CPU): product i is linear_one(x[i], w[i], act[i]) for
@@ -193,7 +193,7 @@ _define("linear_one_group", "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act) 
 @torch.library.register_fake(f"{_LIB}::linear_one_group")
 def _linear_one_group_fake(x, w, side, act):
     dims = _checks.validate_linear_one_group(x, w, side, act)
-    return [xi.new_empty((M,)) for xi, (N, M) in zip(x, dims)]
+    return [xi.new_empty(_checks.one_row_shape(xi, M)) for xi, (N, M) in zip(x, dims)]
 
 
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):

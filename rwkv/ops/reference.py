@@ -279,29 +279,29 @@ def maa_mix(xx, sx, z, w2, maa):
     return maa_mix_math(xx.float(), sx.float(), z.float(), w2.float(), maa.unsqueeze(1)).to(xx.dtype)
 
 
-def _mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim):
-    _checks.validate_mm8(op, x, w, mx, rx, my, ry, x_pattern, x_ndim)
+def _mm8(op, x, w, mx, rx, my, ry, seq):
+    _checks.validate_mm8(op, x, w, mx, rx, my, ry, seq)
     f = torch.float32
     return mm8_math(x.to(f), w, mx.to(f), rx.to(f), my.to(f), ry.to(f)).to(x.dtype)
 
 
 def mm8_one(x, w, mx, rx, my, ry):
-    """Int8 matrix-vector product. x [N] fp32|bf16|fp16; w [N, M] uint8; mx, rx [M]; my, ry
-    [N, 1] in x's dtype. fp32 compute. Returns y [M] in x's dtype."""
-    return _mm8("mm8_one", x, w, mx, rx, my, ry, "[N]", 1)
+    """Int8 matrix-vector product. x [N] or [1, N] fp32|bf16|fp16; w [N, M] uint8; mx, rx [M];
+    my, ry [N, 1] in x's dtype. fp32 compute. Returns y [M] or [1, M] (as x) in x's dtype."""
+    return _mm8("mm8_one", x, w, mx, rx, my, ry, False)
 
 
 def mm8_seq(x, w, mx, rx, my, ry):
     """Int8 matrix product. x [T, N]; otherwise as mm8_one. Returns y [T, M] in x's dtype."""
-    return _mm8("mm8_seq", x, w, mx, rx, my, ry, "[T, N]", 2)
+    return _mm8("mm8_seq", x, w, mx, rx, my, ry, True)
 
 
 def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     """mm8_one with xs = x*ry rounded to int16 (scale max|xs|/32767, round half to even) and exact
     integer dot products; mm8_one's fp32 math when xs is all zero or not finite; then the
-    activation ``act`` (in fp32). Returns [M] in x's dtype. The compiled kernel quantizes
-    identically, so only the fp32 sums (and the activation's last bits) differ."""
-    _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1)
+    activation ``act`` (in fp32). Returns [M] or [1, M] (as x) in x's dtype. The compiled kernel
+    quantizes identically, so only the fp32 sums (and the activation's last bits) differ."""
+    _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False)
     _checks.check_act("mm8_one_i16", act)
     f = torch.float32
     x32, ry32 = x.to(f), ry.to(f)
@@ -310,7 +310,7 @@ def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     inv = torch.tensor(32767.0, dtype=f) / amax
     usable = bool(torch.isfinite(xs.sum()) and amax > 0 and torch.isfinite(amax) and torch.isfinite(inv))
     if not usable:
-        return activate(_mm8("mm8_one_i16", x, w, mx, rx, my, ry, "[N]", 1).to(f), act).to(x.dtype)
+        return activate(_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False).to(f), act).to(x.dtype)
     xq = torch.round(xs * inv).clamp(-32768, 32767)
     scale = amax / torch.tensor(32767.0, dtype=f)
     # float64 holds every partial sum exactly (|sum| < N * 32768 * 255 < 2^53).
@@ -327,8 +327,8 @@ def gemm_fp16(a, b, fp32_out):
 
 
 def linear_one(x, w, act=0):
-    """x [N] @ w [N, M] (column-major), both bf16 or both fp32, with fp32 accumulation, then the
-    activation ``act`` (in fp32); returns [M] in x's dtype."""
+    """x [N] or [1, N] @ w [N, M] (column-major), both bf16 or both fp32, with fp32 accumulation,
+    then the activation ``act`` (in fp32); returns [M] or [1, M] (as x) in x's dtype."""
     _checks.validate_linear_one(x, w)
     _checks.check_act("linear_one", act)
     return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)

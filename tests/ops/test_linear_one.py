@@ -75,7 +75,7 @@ REJECT_CASES = {
     "x_dtype": "linear_one: x must be bfloat16 or float32, got float16",
     "w_dtype": r"linear_one: w must be bfloat16 \(x's dtype\), got float16",
     "w_dtype_mixed": r"linear_one: w must be float32 \(x's dtype\), got bfloat16",
-    "x_dim": r"linear_one: x must have shape \[N\], got \[1, 8\]",
+    "x_dim": r"linear_one: x must have shape \[N\] or \[1, N\] \(one token\), got \[2, 4\]",
     "w_shape": r"linear_one: w must have shape \[N, M\] = \[8, 5\], got \[9, 5\]",
     "w_row_major": r"linear_one: w must be column-major \(w.t\(\) contiguous\), got strides \[5, 1\]",
     "device": r"linear_one: w must be on the same device as x \(cpu\), got meta",
@@ -94,7 +94,7 @@ def test_linear_one_rejects(impl, case, rng):
     elif case == "w_dtype_mixed":
         x = x.float()
     elif case == "x_dim":
-        x = x.reshape(1, 8)
+        x = x.reshape(2, 4)
     elif case == "w_shape":
         w = torch.zeros(5, 9, dtype=torch.bfloat16).t()
     elif case == "w_row_major":

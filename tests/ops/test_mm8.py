@@ -136,6 +136,9 @@ REJECT_CASES = {
 }
 
 
+ONE_ROW = r"\[N\] or \[1, N\] \(one token\)"  # one-token x (tests/ops/test_one_row.py)
+
+
 @pytest.mark.parametrize("T", [0, 2])
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", sorted(REJECT_CASES))
@@ -161,7 +164,7 @@ def test_mm8_rejects(T, impl, case, rng):
         rx = torch.zeros(6, dtype=torch.float16)
     elif case == "device":
         ry = ry.to("meta")
-    match = REJECT_CASES[case].format(x=r"\[T, N\]" if T else r"\[N\]")
+    match = REJECT_CASES[case].format(x=r"\[T, N\]" if T else ONE_ROW)
     with pytest.raises(RuntimeError, match=f"{op}: {match}"):
         fn(x, w, mx, rx, my, ry)
 
@@ -309,6 +312,6 @@ def test_mm8_one_i16_rejects(impl, case, rng):
            "my_shape": lambda: (x, w, mx, rx, my.reshape(-1), ry),
            "rx_shape": lambda: (x, w, mx, torch.zeros(6, dtype=torch.float16), my, ry),
            "device": lambda: (x, w, mx, rx, my, ry.to("meta"))}[case]()
-    match = REJECT_CASES[case].format(x=r"\[N\]")
+    match = REJECT_CASES[case].format(x=ONE_ROW)
     with pytest.raises(RuntimeError, match=f"mm8_one_i16: {match}"):
         fn(*bad)
