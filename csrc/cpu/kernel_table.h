@@ -50,6 +50,14 @@ struct KernelTable {
   void (*maa_mix_bf16)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
                        const float* xx, const float* sx, const float* zt, const uint16_t* w2,
                        const float* maa, float* out);
+  // maa_mix of one token in two steps: the half-mix sums acc [2n, C] of half-mixes [u0, u1)
+  // (w2 read row after row), then out [n, C] on channels [c0, c1) from xx, sx [C] and maa.
+  void (*maa_half_sums_f32)(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt,
+                            const float* w2, float* acc);
+  void (*maa_half_sums_bf16)(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt,
+                             const uint16_t* w2, float* acc);
+  void (*maa_finish)(int64_t C, int64_t n, int64_t c0, int64_t c1, const float* xx,
+                     const float* sx, const float* acc, const float* maa, float* out);
   // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
   // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.

@@ -3,7 +3,7 @@
 // first low-rank product), each one call instead of several small torch ops (docs/kernels.md
 // says why). One row, the decode case, runs ln_mix inline; longer inputs split rows between
 // threads, the layer norm first since each row's mixes read the row before. maa_mix splits
-// channels. Activations may be fp32 or bf16 (cpu/float_io.h): the kernels compute in fp32.
+// channels for sequences and, for one token, w2's rows by half-mixes (kernels/maa_mix.h says why). Activations may be fp32 or bf16 (cpu/float_io.h): the kernels compute in fp32.
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -65,8 +65,29 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
   const float* zp = zc.data_ptr<float>();
   for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
   const KernelTable& kt = kernels();
-  // Blocks of 64 channels.
   const bool bf16_w2 = wc.scalar_type() == at::kBFloat16;
+  if (d.T == 1) {  // one token: w2 read by half-mixes (kernels/maa_mix.h), then the mixes
+    // This thread's buffer; the workers use it through the pointer (a thread_local named in
+    // the lambda would be the worker's own).
+    thread_local std::vector<float> acc_buf;
+    acc_buf.resize(static_cast<size_t>(2 * d.n * d.C));
+    float* acc = acc_buf.data();
+    for_blocks(2 * d.n, 1, (d.D + 1) / 2 * d.C, [&](int64_t u0, int64_t u1) {
+      if (bf16_w2) {
+        kt.maa_half_sums_bf16(d.C, d.D, u0, u1, zt.data(),
+                              reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()),
+                              acc);
+      } else {
+        kt.maa_half_sums_f32(d.C, d.D, u0, u1, zt.data(), wc.data_ptr<float>(), acc);
+      }
+    });
+    for_blocks(d.C, 64, 3 * d.n, [&](int64_t c0, int64_t c1) {
+      kt.maa_finish(d.C, d.n, c0, c1, xc.data_ptr<float>(), sxc.data_ptr<float>(), acc,
+                    mc.data_ptr<float>(), out.data_ptr<float>());
+    });
+    return narrowed(out, xx.scalar_type());
+  }
+  // Sequences: blocks of 64 channels.
   for_blocks(d.C, 64, d.T * d.n * d.D, [&](int64_t c0, int64_t c1) {
     const float *x = xc.data_ptr<float>(), *s = sxc.data_ptr<float>(), *m = mc.data_ptr<float>();
     float* o = out.data_ptr<float>();

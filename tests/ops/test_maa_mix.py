@@ -1,5 +1,5 @@
 """maa_mix: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations, fp32 and
-bf16 w2), every CPU ISA, rows vs one-row calls, opcheck, errors."""
+bf16 w2), every CPU ISA, rows vs one-row calls (two code paths), any thread count, opcheck, errors."""
 
 import pytest
 import torch
@@ -38,29 +38,49 @@ DTYPE_IDS = ["fp32-fp32", "fp32-bf16w2", "bf16-fp32w2", "bf16-bf16"]
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("T,C,n,D", [(1, 64, 5, 32), (1, 100, 5, 8), (3, 33, 2, 3), (4, 2048, 5, 32)])
+@pytest.mark.parametrize("T,C,n,D", [(1, 64, 5, 32), (1, 100, 5, 8), (1, 33, 2, 3), (1, 70, 3, 1),
+                                     (3, 33, 2, 3), (4, 2048, 5, 32)])
 def test_maa_mix_matches_spec(impl, dtypes, T, C, n, D, rng):
     check(implementation(OP, impl, "cpu"), T, C, n, D, rng, dtypes)
 
 
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("T,C,n,D", [(1, 256, 5, 32), (2, 17, 5, 4), (3, 130, 1, 16)])
+@pytest.mark.parametrize("T,C,n,D", [(1, 256, 5, 32), (1, 17, 5, 5), (2, 17, 5, 4), (3, 130, 1, 16)])
 def test_maa_mix_isa(cpu_isa, dtypes, T, C, n, D, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):
         check(fn, T, C, n, D, rng, dtypes)
 
 
-def test_maa_mix_rows_equal_token_by_token(rng):
-    """A sequence (channels split between threads) gives the bits of one-row calls, each shifting in
-    the previous row."""
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("D", [16, 7])
+def test_maa_mix_rows_equal_token_by_token(cpu_isa, dtypes, D, rng):
+    """A sequence (channels split between threads) gives the bits of one-row calls (w2's rows split
+    by half-mixes), each shifting in the previous row: both sum each half of the low-rank product
+    in the same order."""
     fn = compiled_or_skip(OP)
-    xx, sx, z, w2, maa = make_inputs(9, 640, 5, 16, rng)
-    out = fn(xx, sx, z, w2, maa)
-    prev = sx
-    for t in range(xx.shape[0]):
-        torch.testing.assert_close(out[:, t:t + 1], fn(xx[t:t + 1], prev, z[t:t + 1], w2, maa), rtol=0, atol=0)
-        prev = xx[t]
+    xx, sx, z, w2, maa = make_inputs(9, 650, 5, D, rng, *dtypes)
+    with _testing.force_cpu_isa(cpu_isa):
+        out = fn(xx, sx, z, w2, maa)
+        prev = sx
+        for t in range(xx.shape[0]):
+            assert torch.equal(out[:, t:t + 1], fn(xx[t:t + 1], prev, z[t:t + 1], w2, maa))
+            prev = xx[t]
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_maa_mix_same_bits_for_any_thread_count(T, rng):
+    fn = compiled_or_skip(OP)
+    inputs = make_inputs(T, 2048, 5, 32, rng)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(fn(*inputs))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)

@@ -32,6 +32,9 @@ void fill_kernel_table(KernelTable* table) {
   table->shift_mix = &shift_mix_rows<V>;
   table->maa_mix_f32 = &maa_mix<V, float>;
   table->maa_mix_bf16 = &maa_mix<V, uint16_t>;
+  table->maa_half_sums_f32 = &maa_half_sums<V, float>;
+  table->maa_half_sums_bf16 = &maa_half_sums<V, uint16_t>;
+  table->maa_finish = &maa_finish<V>;
   table->mm8 = &mm8<V>;
   table->mm8_prepare = &mm8_prepare<V>;
   table->mm8_quantize_i16 = &mm8_quantize_i16<V>;
