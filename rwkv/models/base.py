@@ -14,7 +14,7 @@ import torch
 
 from ..loading import ModelInfo
 from ..strategy import LayerPlacement
-from .common import Projection, concrete_device, layer_norm, projections, rows
+from .common import Projection, concrete_device, layer_norm, moved, projections, rows
 from .ffn import ChannelMix
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
@@ -37,12 +37,6 @@ def _time_mix_class(version: float):
     if version == 7:
         return TimeMixV7
     return TimeMixV5
-
-
-def _moved(x: torch.Tensor, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """x in dtype on dev; x itself, without a call, when it already is (the traced one-token graph
-    then holds no no-op conversion per layer)."""
-    return x if x.dtype == dtype and x.device == dev else x.to(dtype=dtype, device=dev)
 
 
 def _on_device(t: torch.Tensor, dev: torch.device) -> bool:
@@ -163,7 +157,7 @@ class Runtime:
         own = (lambda t: t.clone()) if rows(x) > 1 else (lambda t: t)  # noqa: E731
         for i in range(info.n_layer):
             dd, dev = self.plan[i], self.devices[i]
-            x = _moved(x, dd.atype, dev)
+            x = moved(x, dd.atype, dev)
             s = state[i * per:(i + 1) * per]
             att, ffn = self.att[i], self.ffn[i]
             if info.version == 4:
@@ -184,7 +178,7 @@ class Runtime:
         if not full_output:
             x = x[-1:]
         hd = self.plan[info.n_layer]
-        x = _moved(x, hd.atype, self.devices[info.n_layer])
+        x = moved(x, hd.atype, self.devices[info.n_layer])
         x = layer_norm(x, *self.ln_out)
         logits = self.head(x, torch.float32)
         if rows(logits) == 1:

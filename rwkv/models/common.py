@@ -36,6 +36,12 @@ def concrete_device(device) -> torch.device:
     return dev
 
 
+def moved(x: torch.Tensor, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """x in dtype on dev; x itself, without a call, when it already is (the traced one-token graph
+    then holds no no-op conversion per layer)."""
+    return x if x.dtype == dtype and x.device == dev else x.to(dtype=dtype, device=dev)
+
+
 def _compiled(name: str, dispatch_key: str) -> bool:
     """Whether a compiled kernel is registered (loads rwkv._C once; never warns)."""
     from ..ops import _backend

@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op, moved
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -58,7 +58,7 @@ class TimeMixV7:
         if self.layer == 0:
             v_first, v_gate, vf = v, None, None
         else:
-            v_first = vf = v_first.to(device=v.device, dtype=v.dtype)
+            v_first = vf = moved(v_first, v.dtype, v.device)
             v_gate = v2[0]
         if self.block is not None:
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS)
