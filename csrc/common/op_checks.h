@@ -184,10 +184,21 @@ inline std::vector<int64_t> one_row_shape(const at::Tensor& x, int64_t M) {
   return x.dim() == 2 ? std::vector<int64_t>{1, M} : std::vector<int64_t>{M};
 }
 
+// An int8 product's side tensor `name` (mx, rx, my or ry): x's dtype dt, or also float32 where
+// fp32_ok (the CPU one-token ops, which compute in fp32: the model keeps fp32 copies for them).
+inline void check_side_dtype(const char* op, const char* name, const at::Tensor& t,
+                             at::ScalarType dt, bool fp32_ok) {
+  const bool ok = t.scalar_type() == dt || (fp32_ok && t.scalar_type() == at::kFloat);
+  TORCH_CHECK(ok, op, ": ", name, " must be ", dtype_name(dt), " (x's dtype)",
+              fp32_ok && dt != at::kFloat ? " or float32" : "", ", got ",
+              dtype_name(t.scalar_type()));
+}
+
 // mm8_one (seq = false, x [N] or [1, N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.
+// fp32_side: the side tensors may also be float32 (mm8_one_i16, linear_one_group).
 inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
                          const at::Tensor& mx, const at::Tensor& rx, const at::Tensor& my,
-                         const at::Tensor& ry) {
+                         const at::Tensor& ry, bool fp32_side = false) {
   check_same_device(op, {{"x", &x}, {"w", &w}, {"mx", &mx}, {"rx", &rx}, {"my", &my},
                          {"ry", &ry}});
   const auto dt = x.scalar_type();
@@ -203,13 +214,13 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
   const int64_t M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
-  RWKV_CHECK_DTYPE_AS(op, mx, dt, " (x's dtype)");
+  check_side_dtype(op, "mx", mx, dt, fp32_side);
   RWKV_CHECK_SHAPE(op, mx, "[M]", M);
-  RWKV_CHECK_DTYPE_AS(op, rx, dt, " (x's dtype)");
+  check_side_dtype(op, "rx", rx, dt, fp32_side);
   RWKV_CHECK_SHAPE(op, rx, "[M]", M);
-  RWKV_CHECK_DTYPE_AS(op, my, dt, " (x's dtype)");
+  check_side_dtype(op, "my", my, dt, fp32_side);
   RWKV_CHECK_SHAPE(op, my, "[N, 1]", N, 1);
-  RWKV_CHECK_DTYPE_AS(op, ry, dt, " (x's dtype)");
+  check_side_dtype(op, "ry", ry, dt, fp32_side);
   RWKV_CHECK_SHAPE(op, ry, "[N, 1]", N, 1);
   return {seq ? x.size(0) : 1, N, M};
 }

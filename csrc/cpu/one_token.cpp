@@ -51,7 +51,7 @@ struct Product {
 void check_product(const char* op, Product& pr) {
   if (pr.int8()) {
     const at::Tensor* s = pr.side;
-    const Mm8Dims d = check_mm8(op, false, *pr.x, *pr.w, s[0], s[1], s[2], s[3]);
+    const Mm8Dims d = check_mm8(op, false, *pr.x, *pr.w, s[0], s[1], s[2], s[3], true);
     pr.N = d.N;
     pr.M = d.M;
   } else {

@@ -113,6 +113,7 @@ class Projection:
         self.stream = stream and self.device.type != "cpu"
         dev_type = self.device.type
         self.side = tuple(w[key + s] for s in ("_mx", "_rx", "_my", "_ry")) if self.int8 else ()
+        self.one_side = self.side  # the side tensors of one-token int8 products (_use_one)
         # Row slabs (rwkv/slabs.py; CPU only): (its rows of x, the slab, its side tensors) each.
         self.slabs = None
         if self.weight.dim() == 3:
@@ -141,6 +142,9 @@ class Projection:
         self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
         self._one = ops.resolve(name, self.device.type, self._mode)
         self._one_act = name == "mm8_one_i16"  # it applies the activation itself
+        # mm8_one_i16 computes in fp32 and takes fp32 side tensors: copies made once here (exact)
+        # spare a bf16 layer four conversions per one-token product (~8 us each call).
+        self.one_side = tuple(t.float() for t in self.side) if self._one_act else self.side
 
     @property
     def groupable(self) -> bool:
@@ -160,15 +164,16 @@ class Projection:
             return self.weight.to(self.device, non_blocking=True)
         return self.weight
 
-    def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, out_dtype, act: int) -> tuple:
+    def _product(self, x: torch.Tensor, W: torch.Tensor, side: tuple, one_side: tuple, out_dtype,
+                 act: int) -> tuple:
         """(y, whether the activation ``act`` is applied): the one-token kernels apply it to their
-        fp32 result, in the same call."""
+        fp32 result, in the same call. one_side: the side tensors for mm8_one_i16 (see _use_one)."""
         # One token: the one-token ops take x [1, N] and give [1, M] (no reshapes: while decoding,
         # each extra op is a measurable share of the token's time).
         if self.int8:
             if rows(x) == 1:
                 if self._one_act:
-                    return self._one(x, W, *side, act), True
+                    return self._one(x, W, *one_side, act), True
                 return self._one(x, W, *side), False
             return self._seq(x, W, *side), False
         if out_dtype == torch.float32 and self._gemm16 is not None:
@@ -183,9 +188,10 @@ class Projection:
         silu), then ``out_dtype``."""
         code = ACTIVATIONS[act] if act else 0
         if self.slabs is None:
-            y, done = self._product(x, self._weight(), self.side, out_dtype, code)
+            y, done = self._product(x, self._weight(), self.side, self.one_side, out_dtype, code)
         else:  # the product is linear in the rows: the slabs' products summed in fp32
-            parts = [self._product(x[:, rows], q, side, out_dtype, 0)[0] for rows, q, side in self.slabs]
+            parts = [self._product(x[:, rows], q, side, side, out_dtype, 0)[0]
+                     for rows, q, side in self.slabs]
             y, done = parts[0].float(), False
             for part in parts[1:]:
                 y += part
@@ -209,7 +215,7 @@ class ProjectionGroup:
         self.acts = [ACTIVATIONS[a] if a else 0 for _, a, _ in members]
         self.out_dtypes = [od for _, _, od in members]
         self.weights = [p.weight for p in self.projs]
-        self.side = [t for p in self.projs for t in p.side]
+        self.side = [t for p in self.projs for t in p.one_side]
         self.op = None
         if mode != "reference" and all(p.device.type == "cpu" for p in self.projs) \
                 and _compiled("linear_one_group", "CPU"):

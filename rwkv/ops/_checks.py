@@ -228,8 +228,9 @@ def one_row_shape(x: torch.Tensor, M: int) -> tuple:
     return (1, M) if x.dim() == 2 else (M,)
 
 
-def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool) -> tuple:
-    """Checks mm8_seq (seq: x [T, N]) or one-token (x [N] or [1, N]) arguments; returns (N, M)."""
+def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool, fp32_side: bool = False) -> tuple:
+    """Checks mm8_seq (seq: x [T, N]) or one-token (x [N] or [1, N]) arguments; returns (N, M).
+    fp32_side: mx, rx, my, ry may also be float32 (mm8_one_i16, linear_one_group)."""
     check_same_device(op, ("x", "w", "mx", "rx", "my", "ry"), (x, w, mx, rx, my, ry))
     torch._check(x.dtype in FLOAT_DTYPES,
                  lambda: f"{op}: x must be float32, bfloat16 or float16, got {dtype_name(x.dtype)}")
@@ -244,7 +245,12 @@ def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool) -> tuple:
     check_shape(op, "w", w, "[N, M]", (N, M))
     for name, t, pattern, shape in (("mx", mx, "[M]", (M,)), ("rx", rx, "[M]", (M,)),
                                     ("my", my, "[N, 1]", (N, 1)), ("ry", ry, "[N, 1]", (N, 1))):
-        check_dtype(op, name, t, x.dtype, " (x's dtype)")
+        if fp32_side and x.dtype != torch.float32:
+            torch._check(t.dtype in (x.dtype, torch.float32),
+                         lambda: f"{op}: {name} must be {dtype_name(x.dtype)} (x's dtype) or float32, "
+                                 f"got {dtype_name(t.dtype)}")
+        else:
+            check_dtype(op, name, t, x.dtype, " (x's dtype)")
         check_shape(op, name, t, pattern, shape)
     return N, M
 
@@ -307,6 +313,6 @@ def validate_linear_one_group(x, w, side, act) -> list:
         if side_i is None:
             dims.append(validate_linear_one(xi, wi, name))
         else:
-            dims.append(validate_mm8(name, xi, wi, *side_i, False))
+            dims.append(validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
         check_act(name, a)
     return dims

@@ -149,14 +149,15 @@ def _mm8_seq_fake(x, w, mx, rx, my, ry):
 # As mm8_one, but xs = x*ry is rounded to int16 with one scale per call (max|xs| / 32767) and the
 # dot products with w are exact integers: y = rx*(scale*(xq @ w) + 0.5*sum(xs)) + sum(x*my)
 # + mx*sum(x). Falls back to mm8_one's fp32 math when xs is all zero or not finite. act: an
-# activation of y (ACTIVATIONS; 0 = none). CPU only.
+# activation of y (ACTIVATIONS; 0 = none). mx, rx, my, ry may also be float32 (it computes in
+# fp32; the model keeps fp32 copies so that bf16 layers convert none per call). CPU only.
 _define("mm8_one_i16",
         "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry, int act=0) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::mm8_one_i16")
 def _mm8_one_i16_fake(x, w, mx, rx, my, ry, act=0):
-    N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False)
+    N, M = _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False, fp32_side=True)
     _checks.check_act("mm8_one_i16", act)
     return x.new_empty(_checks.one_row_shape(x, M))
 

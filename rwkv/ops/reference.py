@@ -297,11 +297,11 @@ def mm8_seq(x, w, mx, rx, my, ry):
 
 
 def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
-    """mm8_one with xs = x*ry rounded to int16 (scale max|xs|/32767, round half to even) and exact
-    integer dot products; mm8_one's fp32 math when xs is all zero or not finite; then the
-    activation ``act`` (in fp32). Returns [M] or [1, M] (as x) in x's dtype. The compiled kernel
+    """mm8_one (side tensors in x's dtype or fp32) with xs = x*ry rounded to int16 (scale
+    max|xs|/32767, round half to even) and exact integer dot products; mm8_one's fp32 math when
+    xs is all zero or not finite; then the activation ``act`` (in fp32). Returns [M] or [1, M] (as x) in x's dtype. The compiled kernel
     quantizes identically, so only the fp32 sums (and the activation's last bits) differ."""
-    _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False)
+    _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False, fp32_side=True)
     _checks.check_act("mm8_one_i16", act)
     f = torch.float32
     x32, ry32 = x.to(f), ry.to(f)
@@ -309,8 +309,9 @@ def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     amax = xs.abs().max() if xs.numel() else xs.new_zeros(())
     inv = torch.tensor(32767.0, dtype=f) / amax
     usable = bool(torch.isfinite(xs.sum()) and amax > 0 and torch.isfinite(amax) and torch.isfinite(inv))
-    if not usable:
-        return activate(_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False).to(f), act).to(x.dtype)
+    if not usable:  # mm8_one's math (in fp32, so the side tensors may be fp32 here too)
+        y = mm8_math(x32, w, mx.to(f), rx.to(f), my.to(f), ry32)
+        return activate(y, act).to(x.dtype)
     xq = torch.round(xs * inv).clamp(-32768, 32767)
     scale = amax / torch.tensor(32767.0, dtype=f)
     # float64 holds every partial sum exactly (|sum| < N * 32768 * 255 < 2^53).

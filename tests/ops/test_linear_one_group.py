@@ -109,6 +109,16 @@ def test_group_empty_sizes(impl, rng):
     check_group(fn, args, separate, impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_group_takes_fp32_side_tensors(impl, rng):
+    # As mm8_one_i16: float32 copies of a bf16/fp16 member's side tensors give the same bits.
+    fn = implementation(OP, impl, "cpu")
+    (x, w, side, act), _ = make_group(GROUPS["mixed"], rng)
+    want = fn(x, w, side, act)
+    got = fn(x, w, [t.float() for t in side], act)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_group_opcheck(rng):
     compiled_or_skip(OP)
     args, _ = make_group(GROUPS["mixed"], rng)

@@ -308,10 +308,26 @@ def test_mm8_one_i16_rejects(impl, case, rng):
            "w_dtype": lambda: (x, w.to(torch.int8), mx, rx, my, ry),
            "w_shape": lambda: (x, torch.zeros(9, 5, dtype=torch.uint8), mx, rx, my, ry),
            "w_dim": lambda: (x, w.reshape(-1), mx, rx, my, ry),
-           "mx_dtype": lambda: (x, w, mx.float(), rx, my, ry),
+           "mx_dtype": lambda: (x, w, mx.bfloat16(), rx, my, ry),  # float32 is allowed here
            "my_shape": lambda: (x, w, mx, rx, my.reshape(-1), ry),
            "rx_shape": lambda: (x, w, mx, torch.zeros(6, dtype=torch.float16), my, ry),
            "device": lambda: (x, w, mx, rx, my, ry.to("meta"))}[case]()
     match = REJECT_CASES[case].format(x=ONE_ROW)
+    if case == "mx_dtype":
+        match = r"mx must be float16 \(x's dtype\) or float32, got bfloat16"
     with pytest.raises(RuntimeError, match=f"mm8_one_i16: {match}"):
         fn(*bad)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mm8_one_i16_fp32_side_tensors_give_the_same_bits(impl, dtype, rng):
+    """mm8_one_i16 computes in fp32, so float32 copies of the side tensors (which the model keeps
+    for bf16 layers) give exactly the result of side tensors in x's dtype."""
+    fn = implementation("mm8_one_i16", impl, "cpu")
+    x, w, *side = make_inputs(0, 300, 70, rng, dtype)
+    side32 = [t.float() for t in side]
+    for act in (0, 1):
+        assert torch.equal(fn(x, w, *side32, act), fn(x, w, *side, act))
+    if impl == "compiled":
+        torch.library.opcheck(torch.ops.rwkv.mm8_one_i16.default, (x, w, *side32, 1))
