@@ -1,20 +1,27 @@
 // The fused CPU ops' activations in either dtype the model uses (fp32 or bf16) for kernels that
 // compute in fp32: widened() gives a bf16 tensor's values as a new contiguous fp32 tensor (exact),
 // narrowed() an fp32 result in the op's output dtype (bf16: rounded to nearest even, as torch's
-// .to() does). A plain loop each: while decoding these are a few thousand values, where an ATen
-// conversion's dispatch and TensorIterator set-up would cost more than the copy.
+// .to() does). While decoding these are a few thousand values, where an ATen conversion's
+// dispatch and TensorIterator set-up would cost more than the copy: a plain loop. Long inputs
+// (prefill: millions of values) use ATen's conversion, vectorized and threaded (the same values).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 
+#include <cstdint>
+
 namespace rwkv {
 namespace cpu {
+
+// Below this many values, the plain loop.
+constexpr int64_t kAtenConvertFrom = 1 << 15;
 
 // t's values as a contiguous fp32 tensor: t itself (made contiguous) when it is fp32.
 inline at::Tensor widened(const at::Tensor& t) {
   if (t.scalar_type() == at::kFloat) return t.contiguous();
+  if (t.numel() >= kAtenConvertFrom) return t.to(at::kFloat).contiguous();
   const at::Tensor src = t.contiguous();
   at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kFloat));
   const c10::BFloat16* s = src.data_ptr<c10::BFloat16>();
@@ -26,6 +33,7 @@ inline at::Tensor widened(const at::Tensor& t) {
 // y (contiguous fp32) in dtype dt: y itself when dt is fp32, else its values rounded to bf16.
 inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   if (dt == at::kFloat) return y;
+  if (y.numel() >= kAtenConvertFrom) return y.to(dt);
   at::Tensor out = at::empty(y.sizes(), y.options().dtype(dt));
   const float* s = y.data_ptr<float>();
   c10::BFloat16* d = out.data_ptr<c10::BFloat16>();

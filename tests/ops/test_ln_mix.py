@@ -55,18 +55,23 @@ def test_ln_mix_isa(cpu_isa, dtype, lerp, T, C, n, rng):
         check(fn, T, C, n, lerp, rng, dtype)
 
 
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
-def test_ln_mix_rows_equal_token_by_token(lerp, rng):
+def test_ln_mix_rows_equal_token_by_token(lerp, dtype, rng):
     """Many rows (split between threads, the layer norm before the mixes) give the bits of one-row
-    calls, each shifting in the previous row's layer norm."""
+    calls, each shifting in the previous row's layer norm. In bf16 the layer norm rows do (the
+    sequence's 44800 values are converted by ATen, a row's by the glue's own loop: cpu/float_io.h,
+    the same rounding); the mixes do not, since a sequence shifts in the previous row's fp32 layer
+    norm where a one-row call gets it rounded to bf16."""
     fn = compiled_or_skip(OP)
-    x, sx, w, b, mix = make_inputs(700, 64, 3, rng)
+    x, sx, w, b, mix = make_inputs(700, 64, 3, rng, dtype)
     xx, mixed = fn(x, sx, w, b, mix, lerp, LAYER_NORM_EPS)
     prev = sx
     for t in range(x.shape[0]):
         xx_t, mixed_t = fn(x[t:t + 1], prev, w, b, mix, lerp, LAYER_NORM_EPS)
-        torch.testing.assert_close(xx[t:t + 1], xx_t, rtol=0, atol=0)
-        torch.testing.assert_close(mixed[:, t:t + 1], mixed_t, rtol=0, atol=0)
+        assert torch.equal(xx[t:t + 1], xx_t)
+        if dtype == torch.float32:
+            assert torch.equal(mixed[:, t:t + 1], mixed_t)
         prev = xx_t[0]
 
 
