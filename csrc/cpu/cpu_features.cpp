@@ -21,6 +21,7 @@ bool parse_isa(const std::string& s, Isa* out) {
   if (s == "scalar") *out = Isa::scalar;
   else if (s == "avx2") *out = Isa::avx2;
   else if (s == "avx512") *out = Isa::avx512;
+  else if (s == "avx512vnni") *out = Isa::avx512vnni;
   else return false;
   return true;
 }
@@ -32,7 +33,7 @@ Isa detect() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    return Isa::avx512;
+    return __builtin_cpu_supports("avx512vnni") ? Isa::avx512vnni : Isa::avx512;
   }
   if (avx2) return Isa::avx2;
 #endif
@@ -47,7 +48,7 @@ Isa automatic_isa() {
     if (env != nullptr && *env != '\0') {
       Isa cap;
       if (!parse_isa(env, &cap)) {
-        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2 or avx512, got '", env, "'; ignoring it");
+        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512 or avx512vnni, got '", env, "'; ignoring it");
       } else if (static_cast<int>(cap) < static_cast<int>(chosen)) {
         chosen = cap;
       }
@@ -58,12 +59,13 @@ Isa automatic_isa() {
 }
 
 struct Tables {
-  KernelTable row[3] = {};
+  KernelTable row[4] = {};
   Tables() {
     scalar::fill_kernel_table(&row[0]);
 #if defined(RWKV_HAVE_X86_ISAS)
     avx2::fill_kernel_table(&row[1]);
     avx512::fill_kernel_table(&row[2]);
+    avx512vnni::fill_kernel_table(&row[3]);
 #endif
   }
 };
@@ -127,7 +129,7 @@ std::string set_cpu_isa_op(std::string isa) {
   }
   Isa wanted;
   TORCH_CHECK(parse_isa(isa, &wanted),
-              "_set_cpu_isa: isa must be scalar, avx2, avx512 or empty, got '", isa, "'");
+              "_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni or empty, got '", isa, "'");
   TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected_isa()), "_set_cpu_isa: isa ",
               isa, " is not supported by this CPU/OS or build, got highest ",
               isa_name(detected_isa()));
@@ -139,6 +141,7 @@ std::string set_cpu_isa_op(std::string isa) {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::avx512vnni: return "avx512vnni";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     default: return "scalar";

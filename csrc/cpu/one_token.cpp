@@ -27,7 +27,7 @@ namespace rwkv {
 namespace cpu {
 namespace {
 
-constexpr int64_t kPad = 64;  // mm8_one_i16's int16 rows are padded to Dot16::kStep of every ISA
+constexpr int64_t kPad = 64;  // mm8_one_i16's int16 rows: a multiple of 64 (every Dot16 reads that)
 
 // One product y = act(x @ w) of one token: w column-major bf16/fp32 (dense) or uint8 with its
 // side tensors mx, rx, my, ry (int8, mm8_one_i16's math).

@@ -7,13 +7,13 @@ from typing import Iterator, List
 
 from . import _backend
 
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "avx512vnni")
 READ_ORDERS = ("sequential", "pairs")
 
 
 @contextlib.contextmanager
 def force_cpu_isa(isa: str) -> Iterator[str]:
-    """Runs the block with the CPU kernels forced to ``isa`` (scalar, avx2, avx512), bypassing
+    """Runs the block with the CPU kernels forced to ``isa`` (one of ``ISAS``), bypassing
     the ``RWKV_CPU_ISA`` cap; restores the previous choice afterwards. Process-wide: not for use
     while other threads run CPU kernels. Raises RuntimeError when this CPU cannot run ``isa``."""
     if isa not in ISAS:

@@ -226,6 +226,26 @@ def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
     assert torch.equal(out["sequential"], out["pairs"])
 
 
+@pytest.mark.parametrize("N,M", [(1, 3), (63, 5), (64, 17), (65, 4), (127, 9), (128, 16),
+                                 (129, 33), (2048, 40), (4109, 9)])
+def test_mm8_one_i16_vnni_equals_avx512_bit_for_bit(N, M, rng):
+    """avx512vnni computes the same exact integer dots as avx512 another way (bytes of the int16
+    activation, vec_avx512vnni.h), with the same epilogue: identical bits, in both read orders,
+    for lengths around its 64-value blocks and 128-value steps."""
+    fn = compiled_or_skip("mm8_one_i16")
+    if "avx512vnni" not in _testing.supported_cpu_isas():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    args = make_inputs(0, N, M, rng, torch.float32)
+    args[0].mul_(uniform((N,), rng, 0, 4))  # activation bytes of every size, both signs
+    for order in _testing.READ_ORDERS:
+        with _testing.force_cpu_read_order(order):
+            out = {}
+            for isa in ("avx512", "avx512vnni"):
+                with _testing.force_cpu_isa(isa):
+                    out[isa] = fn(*args)
+            assert torch.equal(out["avx512"], out["avx512vnni"]), order
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mm8_one_i16_bound_is_tight_enough_to_matter(impl, rng):
     # The int16 error is real (so the bound is what is being tested) but small next to int8's own

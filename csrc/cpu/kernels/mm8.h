@@ -133,7 +133,7 @@ inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const fl
 }
 
 // mm8_one_i16's activation: xq = round(xs * 32767 / max|xs|) as int16, zero from N up to n_pad
-// (a multiple of Dot16::kStep). Returns the scale max|xs| / 32767 that undoes it, or 0 when the
+// (a multiple of Dot16::kStep), then in the layout V::Dot16 reads (Dot16::pack). Returns the scale max|xs| / 32767 that undoes it, or 0 when the
 // integer path cannot represent xs (all zero, or a maximum that is not finite or too small to
 // invert); the caller then uses the fp32 path. NaN is not seen by the max: the caller checks
 // that sum(xs) is finite first.
@@ -151,6 +151,7 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
   for (n = 0; n + V::width <= N; n += V::width) V::store_i16(xq + n, V::mul(V::load(xs + n), iv));
   for (; n < N; ++n) S::store_i16(xq + n, xs[n] * inv);
   for (; n < n_pad; ++n) xq[n] = 0;
+  V::Dot16::pack(xq, n_pad);  // into the layout V's Dot16 reads (most: as it is)
   return amax / 32767.0f;
 }
 

@@ -92,6 +92,7 @@ struct VecAvx2 {
     static constexpr int kStep = 64;
     __m256i a0, a1, wide;  // wide: 4 x int64
     int64_t rest = 0;
+    static void pack(int16_t*, int64_t) {}  // x stays as int16
     // Written out: an implicit constructor would not get this file's target pragma (GCC).
     Dot16() : a0(_mm256_setzero_si256()), a1(a0), wide(a0) {}
     static __m256i madd(const int16_t* x, const uint8_t* q) {

@@ -78,6 +78,7 @@ struct VecAvx512 {
     __m512i a0, a1, wide;  // wide: 8 x int64
     // Written out: an implicit constructor would not get this file's target pragma (GCC).
     Dot16() : a0(_mm512_setzero_si512()), a1(a0), wide(a0) {}
+    static void pack(int16_t*, int64_t) {}  // x stays as int16
     void add_bytes(const int16_t* x, __m512i w) {
       a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_loadu_si512(x),
                                                    _mm512_cvtepu8_epi16(_mm512_castsi512_si256(w))));

@@ -60,6 +60,8 @@ struct VecScalar {
   struct Dot16 {
     static constexpr int kStep = 64;
     int64_t total = 0;
+    // x stays as int16 (VecAvx512Vnni::Dot16 repacks it).
+    static void pack(int16_t*, int64_t) {}
     void add(const int16_t* x, const uint8_t* q) { add_tail(x, q, kStep); }
     void add_tail(const int16_t* x, const uint8_t* q, int64_t n) {
       int32_t s = 0;  // |s| <= 64 * 32768 * 255 < 2^31
