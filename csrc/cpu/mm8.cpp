@@ -18,6 +18,7 @@
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/float_io.h"
 #include "cpu/mm8_prepare.h"
 #include "cpu/parallel.h"
 
@@ -26,11 +27,15 @@ namespace cpu {
 
 // (The checks first: these run for every one-token product, where a no-op .to() still costs.)
 at::Tensor fp32(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
+  if (t.scalar_type() == at::kFloat && t.is_contiguous()) return t;
+  if (t.scalar_type() == at::kBFloat16) return widened(t);  // float_io.h: a loop when short
+  return t.to(at::kFloat).contiguous();
 }
 
 at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x) {
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  if (x.scalar_type() == at::kFloat) return y;
+  if (x.scalar_type() == at::kBFloat16) return narrowed(y, at::kBFloat16);
+  return y.to(x.scalar_type());
 }
 
 namespace {

@@ -351,3 +351,25 @@ def test_mm8_one_i16_fp32_side_tensors_give_the_same_bits(impl, dtype, rng):
         assert torch.equal(fn(x, w, *side32, act), fn(x, w, *side, act))
     if impl == "compiled":
         torch.library.opcheck(torch.ops.rwkv.mm8_one_i16.default, (x, w, *side32, 1))
+
+
+@pytest.mark.parametrize("op", ["mm8_one", "mm8_one_i16", "mm8_seq"])
+@pytest.mark.parametrize("M", [45, 33000])  # results below / above float_io.h's loop threshold
+def test_bf16_results_are_the_fp32_results_rounded_as_torch_does(op, M, rng):
+    """The CPU int8 ops compute bf16 inputs in fp32 (x widened exactly) and round the result once,
+    with a plain loop for short results and ATen's conversion for long ones (cpu/float_io.h): both
+    must round exactly as torch's .to(torch.bfloat16) does, infinities included."""
+    fn = compiled_or_skip(op)
+    N = 16
+    x, w, mx, rx, my, ry = make_inputs(2 if op == "mm8_seq" else 0, N, M, rng, torch.float32)
+    mx, rx, my, ry = (t * 1e3 for t in (mx, rx, my, ry))  # results of every magnitude
+    rx[:3] = torch.tensor([3e38, -3e38, 1e-30])  # overflow to +-inf in bf16, and a tiny one
+    xb = x.bfloat16()
+    side = (mx.bfloat16().float(), rx.bfloat16().float(), my.bfloat16().float(), ry.bfloat16().float())
+    if op == "mm8_one_i16":
+        got, want = fn(xb, w, *side), fn(xb.float(), w, *side)
+    else:  # mm8_one / mm8_seq take side tensors in x's dtype: bf16 values, exact in fp32
+        got = fn(xb, w, *(t.bfloat16() for t in side))
+        want = fn(xb.float(), w, *side)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want.to(torch.bfloat16))
