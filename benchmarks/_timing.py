@@ -8,14 +8,18 @@ import time
 import torch
 
 
-def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1) -> dict:
+def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1,
+                probe=None) -> dict:
     """``models``: name -> an RWKV model (either package). Per model, prefill: one forward of
     ``prefill`` seeded random tokens after a 16-token warm-up, then 3 warm-up tokens. Decode: the
     median of at least ``decode`` single-token forwards, taken in ``rounds`` rounds; in each round
     every model in turn decodes one untimed token, then its share of the timed ones. With several
     models and rounds the models are thus timed interleaved, under the same conditions of a machine
-    whose memory bandwidth drifts from minute to minute. Returns name -> {"decode_ms",
-    "prefill_tps"}."""
+    whose memory bandwidth drifts from minute to minute. ``probe``: an optional callable returning
+    the machine's read bandwidth now (GB/s), called before each model's share of each round (before
+    its untimed token, which brings the caches back); "probe_GBps" is the median of a model's
+    readings, the bandwidth at the moments it decoded. Returns name -> {"decode_ms",
+    "prefill_tps"[, "probe_GBps"]}."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
     per_round = -(-decode // rounds)
@@ -24,12 +28,14 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
         m.forward(prompt[:16], None)  # warm-up
         t0 = time.perf_counter()
         _, state = m.forward(prompt[:prefill], None)
-        out[name] = {"prefill_tps": prefill / (time.perf_counter() - t0), "times": []}
+        out[name] = {"prefill_tps": prefill / (time.perf_counter() - t0), "times": [], "probes": []}
         for t in prompt[:3]:
             _, state = m.forward([t], state)
         states[name] = state
     for r in range(rounds):
         for name, m in models.items():
+            if probe is not None:
+                out[name]["probes"].append(probe())
             _, state = m.forward([prompt[r % len(prompt)]], states[name])  # untimed: the switch
             for i in range(per_round):
                 t0 = time.perf_counter()
@@ -39,6 +45,9 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     for res in out.values():
         times = sorted(res.pop("times"))
         res["decode_ms"] = 1000 * times[len(times) // 2]
+        probes = sorted(res.pop("probes"))
+        if probes:
+            res["probe_GBps"] = probes[len(probes) // 2]
     return out
 
 

@@ -13,8 +13,10 @@ together and their decode tokens timed interleaved in --rounds rounds (benchmark
 that the ratios between them (int8 against fp32) do not depend on the machine's bandwidth drifting
 between one strategy's turn and the next; upstream's strategies run one per subprocess. Each row
 prints both figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a
-share of the measured bandwidth, and against the bandwidth measured right after that checkpoint's
-interleaved decode. Upstream's v7 class has no int8 ("n/a").
+share of the measured bandwidth, against the bandwidth measured right after that checkpoint's
+interleaved decode ("adjacent") and against the median of quick readings taken in every round just
+before that strategy's turn ("moment": the bandwidth at the moments it decoded). Upstream's v7
+class has no int8 ("n/a").
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ class AdjacentBandwidth:
     def measure(self) -> float:
         return _read_rate(self.w["a"], passes=3)
 
+    def probe(self) -> float:
+        """One quick reading (a warm-up pass and one timed pass), for time_models' rounds."""
+        return _read_rate(self.w["a"], passes=1)
+
 
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
@@ -138,15 +144,16 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int) -> dict:
+def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int, probe) -> dict:
     """Every strategy of one checkpoint loaded at once and timed interleaved (time_models), so the
-    ratios between our strategies do not depend on when each ran. strategy -> timings and bytes."""
+    ratios between our strategies do not depend on when each ran; ``probe`` reads the bandwidth in
+    every round. strategy -> timings, the bandwidth while it decoded, and bytes."""
     from rwkv.model import RWKV
 
     from rwkv.model import release_freed_memory
 
     models = {s: RWKV(path, s, verbose=False) for s in strategies}
-    res = time_models(models, VOCAB, prefill, decode, rounds)
+    res = time_models(models, VOCAB, prefill, decode, rounds, probe)
     out = {s: {**res[s], "bytes": weight_bytes_per_token(m)} for s, m in models.items()}
     # Free our models before upstream's subprocesses load theirs: the four 1.5B models held ~13 GB,
     # and upstream's int8 conversion next to them exhausted this 24 GiB machine.
@@ -201,7 +208,7 @@ def main(argv=None) -> int:
                 save_checkpoint(path, sd)
                 del sd
             strategies = [s.strip() for s in a.strategies.split(",")]
-            ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds)
+            ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds, adjacent.probe)
             local_bw = adjacent.measure()  # right after the interleaved decode: one figure per checkpoint
             for strategy in strategies:
                 ours = ours_all[strategy]
@@ -222,7 +229,9 @@ def main(argv=None) -> int:
                        "prefill_speedup": round(ours["prefill_tps"] / up["prefill_tps"], 2) if "prefill_tps" in up else None,
                        "weight_MB_per_token": round(ours["bytes"] / 1e6, 1), "ours_GBps": round(gbps, 2),
                        "adjacent_bandwidth_GBps": round(local_bw, 1),
-                       "pct_of_adjacent_bandwidth": round(100 * gbps / local_bw, 1)}
+                       "pct_of_adjacent_bandwidth": round(100 * gbps / local_bw, 1),
+                       "decode_moment_bandwidth_GBps": round(ours["probe_GBps"], 1),
+                       "pct_of_decode_moment_bandwidth": round(100 * gbps / ours["probe_GBps"], 1)}
                 emit({**row, "kind": "model (progress)"})  # the final "model" record adds % of bandwidth
                 rows.append(row)
     # The machine's bandwidth drifts (shared hardware): measure again and hold every row to the best.
@@ -234,13 +243,14 @@ def main(argv=None) -> int:
         row["pct_of_bandwidth"] = round(100 * row["ours_GBps"] / bw, 1)
         emit(row)
     print("\n| size | v | strategy | ours ms/tok | upstream ms/tok | x | ours prefill tok/s | upstream | x | MB/tok "
-          "| GB/s | % BW | adjacent BW | % adj. |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GB/s | % BW | adjacent BW | % adj. | moment BW | % moment |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['version']} | {r['strategy']} | {r['ours_decode_ms']} | {r['upstream_decode_ms']} | "
               f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {r['upstream_prefill_tps']} | {r['prefill_speedup']} | "
               f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} | "
-              f"{r['adjacent_bandwidth_GBps']} | {r['pct_of_adjacent_bandwidth']} |")
+              f"{r['adjacent_bandwidth_GBps']} | {r['pct_of_adjacent_bandwidth']} | "
+              f"{r['decode_moment_bandwidth_GBps']} | {r['pct_of_decode_moment_bandwidth']} |")
     print(f"\nmemory read bandwidth: {bw:.1f} GB/s, the best of ({a.threads} threads, before / after "
           "the models): " + "; ".join(f"{k[:-5]} " + " / ".join("n/a" if b[k] is None else f"{b[k]:.1f}"
                                                                  for b in (bws, bws_after))
