@@ -1,6 +1,7 @@
 // Which CPU instruction set the kernels use: the highest of scalar < avx2 < avx512 < avx512vnni
-// that both the CPU and the OS support, capped by the RWKV_CPU_ISA environment variable (read when first needed;
-// an invalid value warns and is ignored), or forced by the test hook rwkv::_set_cpu_isa.
+// that both the CPU and the OS support, capped by the RWKV_CPU_ISA environment variable (read
+// when first needed; an invalid value warns and is ignored), or forced by the test hook
+// rwkv::_set_cpu_isa.
 #pragma once
 
 #include "cpu/kernel_table.h"

@@ -76,7 +76,8 @@ struct KernelTable {
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);
   // mm8_one_i16's steps (one row): xs [N] -> xq [n_pad] int16 (n_pad a multiple of 64, zeros
-  // past N; in this row's own layout: pair the two entries of one row), returning the scale (0: use mm8 instead); then on output columns [m0, m1)
+  // past N; in this row's own layout: pair the two entries of one row), returning the scale
+  // (0: use mm8 instead); then on output columns [m0, m1)
   // y[m] = rx[m]*(scale*(xq . q[:, m]) + sums[0]) + sums[1] + mx[m]*sums[2], the dot exact,
   // reading q column by column (sequential) or in column pairs (see read_sequential()).
   float (*mm8_quantize_i16)(int64_t N, int64_t n_pad, const float* xs, int16_t* xq);

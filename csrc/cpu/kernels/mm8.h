@@ -133,7 +133,8 @@ inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const fl
 }
 
 // mm8_one_i16's activation: xq = round(xs * 32767 / max|xs|) as int16, zero from N up to n_pad
-// (a multiple of Dot16::kStep), then in the layout V::Dot16 reads (Dot16::pack). Returns the scale max|xs| / 32767 that undoes it, or 0 when the
+// (a multiple of Dot16::kStep), then in the layout V::Dot16 reads (Dot16::pack). Returns the
+// scale max|xs| / 32767 that undoes it, or 0 when the
 // integer path cannot represent xs (all zero, or a maximum that is not finite or too small to
 // invert); the caller then uses the fp32 path. NaN is not seen by the max: the caller checks
 // that sum(xs) is finite first.

@@ -90,12 +90,13 @@ struct VecAvx512 {
       const __mmask64 m = n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
       add_bytes(x, _mm512_maskz_loadu_epi8(m, q));
     }
+    // a's 16 int32 lanes summed in pairs, as 8 x int64 (exact).
+    static __m512i widened(__m512i a) {
+      return _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)),
+                              _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
+    }
     void flush() {
-      const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a0)),
-                                          _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a0, 1)));
-      const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a1)),
-                                          _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a1, 1)));
-      wide = _mm512_add_epi64(wide, _mm512_add_epi64(lo, hi));
+      wide = _mm512_add_epi64(wide, _mm512_add_epi64(widened(a0), widened(a1)));
       a0 = a1 = _mm512_setzero_si512();
     }
     int64_t sum() {

@@ -29,6 +29,7 @@ struct VecAvx512Vnni : VecAvx512 {
   // of q (bytes past N read as zero and add nothing to any of the three sums) and touches the
   // second block only when it holds values: x is padded to a multiple of 64, not of kStep.
   struct Dot16 {
+    using Base = VecAvx512::Dot16;  // its widened() sums int32 lanes in pairs as int64
     static constexpr int kStep = 128;
     __m512i acc[2][3];  // [block of the step][h, l', q]
     __m512i wide;       // 8 x int64
@@ -71,15 +72,11 @@ struct VecAvx512Vnni : VecAvx512 {
       add_block(acc[0], x, _mm512_maskz_loadu_epi8(first(n), q));
       if (n > 64) add_block(acc[1], x + 64, _mm512_maskz_loadu_epi8(first(n - 64), q + 64));
     }
-    static __m512i widened(__m512i a) {  // int32 lanes summed in pairs, as 8 x int64
-      return _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(a)),
-                              _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a, 1)));
-    }
     void flush() {
       // 256*h + l' + 128*q, summed over both blocks (each accumulator is below 2^31 before).
-      const __m512i h = widened(_mm512_add_epi32(acc[0][0], acc[1][0]));
-      const __m512i l = _mm512_add_epi64(widened(acc[0][1]), widened(acc[1][1]));
-      const __m512i q = widened(_mm512_add_epi32(acc[0][2], acc[1][2]));
+      const __m512i h = Base::widened(_mm512_add_epi32(acc[0][0], acc[1][0]));
+      const __m512i l = _mm512_add_epi64(Base::widened(acc[0][1]), Base::widened(acc[1][1]));
+      const __m512i q = Base::widened(_mm512_add_epi32(acc[0][2], acc[1][2]));
       wide = _mm512_add_epi64(wide, _mm512_add_epi64(_mm512_slli_epi64(h, 8), l));
       wide = _mm512_add_epi64(wide, _mm512_slli_epi64(q, 7));
       for (auto& a : acc) a[0] = a[1] = a[2] = _mm512_setzero_si512();
