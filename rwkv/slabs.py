@@ -13,7 +13,8 @@ So a CPU matrix whose activation would exceed SLAB_BYTES is stored as row slabs,
 a [S, K, M] tensor (strides (K*M, 1, K)) whose slab i is the column-major [K, M] matrix
 W[i*K:(i+1)*K]. A slab is a plain matrix for every op, and since a product is linear in the rows,
 ``x @ W = sum_i x[:, rows_i] @ W_i``; for int8 each slab takes its rows of ``my`` and ``ry`` and all
-of ``mx`` and ``rx`` (rwkv/models/common.py, Projection).
+of ``mx`` and ``rx`` (rwkv/models/common.py, Projection). One-token products on CPU hand the
+whole [S, K, M] tensor to the ``linear_one_slabs`` op, which sums the slabs' products itself.
 """
 
 from __future__ import annotations

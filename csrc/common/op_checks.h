@@ -194,6 +194,20 @@ inline void check_side_dtype(const char* op, const char* name, const at::Tensor&
               dtype_name(t.scalar_type()));
 }
 
+// An int8 product's side tensors: mx, rx [M] and my, ry [N, 1], each of check_side_dtype's dtype.
+inline void check_side(const char* op, const at::Tensor& mx, const at::Tensor& rx,
+                       const at::Tensor& my, const at::Tensor& ry, at::ScalarType dt, int64_t N,
+                       int64_t M, bool fp32_ok) {
+  check_side_dtype(op, "mx", mx, dt, fp32_ok);
+  RWKV_CHECK_SHAPE(op, mx, "[M]", M);
+  check_side_dtype(op, "rx", rx, dt, fp32_ok);
+  RWKV_CHECK_SHAPE(op, rx, "[M]", M);
+  check_side_dtype(op, "my", my, dt, fp32_ok);
+  RWKV_CHECK_SHAPE(op, my, "[N, 1]", N, 1);
+  check_side_dtype(op, "ry", ry, dt, fp32_ok);
+  RWKV_CHECK_SHAPE(op, ry, "[N, 1]", N, 1);
+}
+
 // mm8_one (seq = false, x [N] or [1, N]) and mm8_seq (x [T, N]); T is 1 for mm8_one.
 // fp32_side: the side tensors may also be float32 (mm8_one_i16, linear_one_group).
 inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at::Tensor& w,
@@ -214,14 +228,7 @@ inline Mm8Dims check_mm8(const char* op, bool seq, const at::Tensor& x, const at
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
   const int64_t M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
-  check_side_dtype(op, "mx", mx, dt, fp32_side);
-  RWKV_CHECK_SHAPE(op, mx, "[M]", M);
-  check_side_dtype(op, "rx", rx, dt, fp32_side);
-  RWKV_CHECK_SHAPE(op, rx, "[M]", M);
-  check_side_dtype(op, "my", my, dt, fp32_side);
-  RWKV_CHECK_SHAPE(op, my, "[N, 1]", N, 1);
-  check_side_dtype(op, "ry", ry, dt, fp32_side);
-  RWKV_CHECK_SHAPE(op, ry, "[N, 1]", N, 1);
+  check_side(op, mx, rx, my, ry, dt, N, M, fp32_side);
   return {seq ? x.size(0) : 1, N, M};
 }
 
@@ -250,6 +257,39 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w,
   TORCH_CHECK(column_major(w), op, ": w must be column-major (w.t() contiguous), got strides ",
               w.strides());
   return {N, M};
+}
+
+struct SlabDims { int64_t N, M, S; };
+
+// linear_one_slabs: x [N] or [1, N] bfloat16 or float32; w [S, N/S, M], S >= 1 row slabs (slab s
+// holds rows s*N/S.. of the matrix), each column-major (w[s].t() contiguous); w uint8 with side =
+// mx, rx [M] and my, ry [N, 1] (x's dtype or float32), or w in x's dtype and side nullptr.
+inline SlabDims check_slabs(const char* op, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor* side) {
+  check_same_device(op, {{"x", &x}, {"w", &w}});
+  if (side != nullptr) {
+    check_same_device(op, {{"x", &x}, {"mx", &side[0]}, {"rx", &side[1]}, {"my", &side[2]},
+                           {"ry", &side[3]}});
+  }
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kBFloat16 || dt == at::kFloat, op,
+              ": x must be bfloat16 or float32, got ", dtype_name(dt));
+  RWKV_CHECK_ONE_ROW(op, x);
+  RWKV_CHECK_DIM(op, w, "[S, N/S, M]", 3);
+  const int64_t N = x.size(-1), S = w.size(0), K = w.size(1), M = w.size(2);
+  TORCH_CHECK(S >= 1 && S * K == N, op, ": w must have shape [S, N/S, M] with S >= 1 slabs of N/S",
+              " rows (N = ", N, "), got ", w.sizes());
+  const bool column_major_slabs =
+      w.numel() == 0 || ((K <= 1 || w.stride(1) == 1) && (M <= 1 || w.stride(2) == K));
+  TORCH_CHECK(column_major_slabs, op,
+              ": w's slabs must be column-major (w[s].t() contiguous), got strides ", w.strides());
+  if (side == nullptr) {
+    RWKV_CHECK_DTYPE_AS(op, w, dt, " (x's dtype)");
+    return {N, M, S};
+  }
+  RWKV_CHECK_DTYPE(op, w, at::kByte);
+  check_side(op, side[0], side[1], side[2], side[3], dt, N, M, true);
+  return {N, M, S};
 }
 
 // A token-shift op's activation `name` [T, C] (float32 or bfloat16) and its shift state sx [C]

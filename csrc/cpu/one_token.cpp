@@ -1,13 +1,15 @@
 // ATen glue for the products of one token on CPU: linear_one (bf16/fp32 matrix-vector),
-// mm8_one_i16 (int8 weights, the activation rounded to int16) and linear_one_group (several such
-// products in one call). Every product is checked in the contract's words (common/op_checks.h),
-// prepared (fp32 x; for int8, xs = x*ry, its sums and its int16 rounding: cpu/mm8_prepare.h),
-// then all the products' output columns are split between threads as one range
-// (for_member_blocks), the kernels of the active instruction set computing each column, with an
-// optional activation (common/activation.h). A group is thus one call and one parallel region
-// where separate products are several: while decoding, each call costs tens of microseconds
-// beyond its weight's reading (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math:
-// csrc/cpu/kernels/linear.h, kernels/mm8.h.
+// mm8_one_i16 (int8 weights, the activation rounded to int16), linear_one_group (several such
+// products in one call) and linear_one_slabs (one product whose weight is stored as row slabs,
+// rwkv/slabs.py: the slabs' products summed). Every product is checked in the contract's words
+// (common/op_checks.h), prepared (fp32 x; for int8, xs = x*ry, its sums and its int16 rounding,
+// per slab), then the output columns of every matrix (a product's weight or one of its slabs)
+// are split between threads as one range (for_member_blocks), the kernels of the active
+// instruction set computing each column, with an optional activation (common/activation.h). A
+// group, or a slab product, is thus one call and one parallel region where separate products are
+// several: while decoding, each call costs tens of microseconds beyond its weight's reading
+// (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h,
+// kernels/mm8.h.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -29,27 +31,45 @@ namespace {
 
 constexpr int64_t kPad = 64;  // mm8_one_i16's int16 rows: a multiple of 64 (every Dot16 reads that)
 
+int64_t padded(int64_t n) { return (n + kPad - 1) / kPad * kPad; }
+
 // One product y = act(x @ w) of one token: w column-major bf16/fp32 (dense) or uint8 with its
-// side tensors mx, rx, my, ry (int8, mm8_one_i16's math).
+// side tensors mx, rx, my, ry (int8, mm8_one_i16's math); or w [S, N/S, M], S row slabs, each a
+// column-major matrix, y = act(sum over s of x[rows of s] @ w[s]) summed in fp32 in slab order.
 struct Product {
   const at::Tensor* x;
   const at::Tensor* w;
   const at::Tensor* side;  // int8: mx, rx, my, ry in a row; dense: nullptr
   Act act;
-  int64_t N = 0, M = 0;
-  at::Tensor x32, y;  // x in fp32; y fp32, [M] or [1, M] as x
-  Mm8Prepared p;      // int8 only
-  int16_t* xq = nullptr;
-  float scale = 0.0f;  // int8: 0 = the fp32 loop (xs all zero or not finite)
+  int64_t N = 0, M = 0, S = 1;
+  at::Tensor x32, y;              // x in fp32; y fp32, [M] or [1, M] as x
+  at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
   bool int8() const { return side != nullptr; }
-  // Bytes of w per output column: what the threads share out.
-  int64_t column_bytes() const { return N * (int8() ? 1 : static_cast<int64_t>(w->element_size())); }
+  int64_t K() const { return S > 0 ? N / S : 0; }  // rows per slab (N for a matrix)
 };
 
-// Checks one product's arguments; `op` names it in messages.
-void check_product(const char* op, Product& pr) {
-  if (pr.int8()) {
+// One matrix of a product (its w, or one of its row slabs), as the kernels see it.
+struct Part {
+  size_t product;
+  int64_t K = 0;            // rows
+  const void* w = nullptr;  // column m at w + m*K elements
+  const float* x = nullptr;  // dense: its K values of x in fp32
+  float* y = nullptr;       // its fp32 result [M]: the product's y, or scratch to be summed
+  float* xs = nullptr;      // int8: xs [K] and, at xs + mm8_one_token_floats(K) - 16, its sums
+  int16_t* xq = nullptr;
+  float scale = 0.0f;  // int8: 0 = the fp32 loop (xs all zero or not finite)
+};
+
+// Checks one product's arguments; `op` names it in messages. Only linear_one_slabs (slabs) takes
+// a weight in row slabs.
+void check_product(const char* op, Product& pr, bool slabs = false) {
+  if (slabs) {
+    const SlabDims d = check_slabs(op, *pr.x, *pr.w, pr.side);
+    pr.N = d.N;
+    pr.M = d.M;
+    pr.S = d.S;
+  } else if (pr.int8()) {
     const at::Tensor* s = pr.side;
     const Mm8Dims d = check_mm8(op, false, *pr.x, *pr.w, s[0], s[1], s[2], s[3], true);
     pr.N = d.N;
@@ -64,61 +84,114 @@ void check_product(const char* op, Product& pr) {
 // Prepares checked products (the serial part), then computes every output column, threaded.
 // Returns each y in its x's dtype.
 std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
-  // This thread's scratch: int8 products' xs and sums, and their int16 rounding of xs.
+  // This thread's scratch: int8 parts' xs and sums, their int16 rounding of xs, and the results
+  // of slabs after the first.
   int64_t floats = 0, shorts = 0;
+  size_t n_parts = 0;
   for (const Product& pr : prs) {
+    n_parts += pr.S;
+    floats += (pr.S - 1) * pr.M;
     if (pr.int8()) {
-      floats += mm8_one_token_floats(pr.N);
-      shorts += (pr.N + kPad - 1) / kPad * kPad;
+      floats += pr.S * mm8_one_token_floats(pr.K());
+      shorts += pr.S * padded(pr.K());
     }
   }
   thread_local Scratch float_buf, short_buf;
   float* fp = float_buf.get<float>(floats);
   int16_t* sp = short_buf.get<int16_t>(shorts);
   const KernelTable& kt = kernels();
-  for (Product& pr : prs) {
+  std::vector<Part> parts;
+  parts.reserve(n_parts);
+  for (size_t i = 0; i < prs.size(); ++i) {
+    Product& pr = prs[i];
+    // (Only when needed: a no-op .to() still costs a dispatch per product.)
+    pr.x32 = fp32(*pr.x);
+    pr.y = at::empty(one_row_shape(*pr.x, pr.M), pr.x32.options());
+    const int64_t K = pr.K();
+    const float* x = pr.x32.data_ptr<float>();
+    const char* w = static_cast<const char*>(pr.w->data_ptr());
+    int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
     if (pr.int8()) {
       const at::Tensor* s = pr.side;
-      pr.p = mm8_prepare({1, pr.N, pr.M}, false, *pr.x, *pr.w, s[0], s[1], s[2], s[3], fp);
-      pr.x32 = pr.p.x32;
-      const int64_t n_pad = (pr.N + kPad - 1) / kPad * kPad;
-      pr.xq = sp;
-      // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the fp32 path).
-      pr.scale = std::isfinite(pr.p.sums[0]) && pr.N > 0
-                     ? kt.mm8_quantize_i16(pr.N, n_pad, pr.p.xs, pr.xq)
-                     : 0.0f;
-      fp += mm8_one_token_floats(pr.N);
-      sp += n_pad;
-    } else {
-      // (Only when needed: a no-op .to() still costs a dispatch per product.)
-      pr.x32 = fp32(*pr.x);
+      pr.mx32 = fp32(s[0]);
+      pr.rx32 = fp32(s[1]);
+      pr.my32 = fp32(s[2]);
+      pr.ry32 = fp32(s[3]);
+      if (pr.w->dim() == 2) {  // any strides: copied into column-major order once
+        pr.q = column_major(*pr.w) ? *pr.w : pr.w->t().contiguous().t();
+        w = static_cast<const char*>(pr.q.data_ptr());
+      }
     }
-    pr.y = at::empty(one_row_shape(*pr.x, pr.M), pr.x32.options());
+    for (int64_t s = 0; s < pr.S; ++s) {
+      Part pt;
+      pt.product = i;
+      pt.K = K;
+      pt.w = w + s * slab_bytes;
+      pt.x = x + s * K;
+      if (s == 0) {
+        pt.y = pr.y.data_ptr<float>();
+      } else {
+        pt.y = fp;
+        fp += pr.M;
+      }
+      if (pr.int8()) {
+        pt.xs = fp;
+        float* sums = fp + mm8_one_token_floats(K) - 16;
+        kt.mm8_prepare(K, 0, 1, pt.x, pr.ry32.data_ptr<float>() + s * K,
+                       pr.my32.data_ptr<float>() + s * K, pt.xs, sums);
+        pt.xq = sp;
+        // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the
+        // fp32 path).
+        pt.scale = std::isfinite(sums[0]) && K > 0
+                       ? kt.mm8_quantize_i16(K, padded(K), pt.xs, pt.xq)
+                       : 0.0f;
+        fp += mm8_one_token_floats(K);
+        sp += padded(K);
+      }
+      parts.push_back(pt);
+    }
   }
   std::vector<int64_t> columns, bytes;
-  for (const Product& pr : prs) {
+  for (const Part& pt : parts) {
+    const Product& pr = prs[pt.product];
     columns.push_back(pr.M);
-    bytes.push_back(pr.column_bytes());
+    bytes.push_back(pt.K * (pr.int8() ? 1 : static_cast<int64_t>(pr.w->element_size())));
   }
   const bool sequential = read_sequential();
   // Blocks of 16 columns keep the kernels' column groups whole.
   for_member_blocks(columns, bytes, 16, [&](size_t i, int64_t m0, int64_t m1) {
-    const Product& pr = prs[i];
-    float* y = pr.y.data_ptr<float>();
-    const float* x = pr.x32.data_ptr<float>();
-    if (pr.int8() && pr.scale == 0.0f) {
-      mm8_columns(pr.p, m0, m1, y);
-    } else if (pr.int8()) {
-      kt.mm8_i16(pr.N, m0, m1, pr.xq, pr.p.q.data_ptr<uint8_t>(), pr.scale, pr.p.sums,
-                 pr.p.rx32.data_ptr<float>(), pr.p.mx32.data_ptr<float>(), y, sequential);
+    const Part& pt = parts[i];
+    const Product& pr = prs[pt.product];
+    if (pr.int8()) {
+      const auto* q = static_cast<const uint8_t*>(pt.w);
+      const float* sums = pt.xs + mm8_one_token_floats(pt.K) - 16;
+      const float *rx = pr.rx32.data_ptr<float>(), *mx = pr.mx32.data_ptr<float>();
+      if (pt.scale == 0.0f) {
+        kt.mm8(1, pt.K, pr.M, m0, m1, pt.xs, q, sums, rx, mx, pt.y);
+      } else {
+        kt.mm8_i16(pt.K, m0, m1, pt.xq, q, pt.scale, sums, rx, mx, pt.y, sequential);
+      }
     } else if (pr.w->scalar_type() == at::kFloat) {
-      kt.linear_one_f32(pr.N, m0, m1, x, pr.w->data_ptr<float>(), y, sequential);
+      kt.linear_one_f32(pt.K, m0, m1, pt.x, static_cast<const float*>(pt.w), pt.y, sequential);
     } else {
-      const auto* w = reinterpret_cast<const uint16_t*>(pr.w->data_ptr<at::BFloat16>());
-      kt.linear_one_bf16(pr.N, m0, m1, x, w, y, sequential);
+      kt.linear_one_bf16(pt.K, m0, m1, pt.x, static_cast<const uint16_t*>(pt.w), pt.y,
+                         sequential);
     }
-    activate(pr.act, y + m0, m1 - m0);
+    if (pr.S == 1) activate(pr.act, pt.y + m0, m1 - m0);
   });
+  // Slab products: the later slabs' results added to the first's in order, then the activation.
+  size_t first = 0;
+  for (Product& pr : prs) {
+    if (pr.S > 1) {
+      float* y = parts[first].y;
+      for (int64_t s = 1; s < pr.S; ++s) {
+        const float* part = parts[first + s].y;
+        for (int64_t m = 0; m < pr.M; ++m) y[m] += part[m];
+      }
+      activate(pr.act, y, pr.M);
+    }
+    first += pr.S;
+  }
   std::vector<at::Tensor> out;
   out.reserve(prs.size());
   for (const Product& pr : prs) out.push_back(in_dtype(pr.y, *pr.x));
@@ -168,6 +241,20 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
   return run_products(prs);
 }
 
+at::Tensor linear_one_slabs(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
+                            int64_t act) {
+  const char* op = "linear_one_slabs";
+  const bool q = w.scalar_type() == at::kByte;
+  TORCH_CHECK(side.size() == (q ? 4u : 0u), op,
+              q ? ": side must hold mx, rx, my, ry (w is uint8), got "
+                : ": side must be empty (w is not uint8), got ",
+              side.size(), " tensors");
+  std::vector<Product> prs{{&x, &w, q ? side.data() : nullptr, Act::none}};
+  check_product(op, prs[0], true);
+  prs[0].act = check_act(op, act);
+  return run_products(prs)[0];
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace rwkv
@@ -176,4 +263,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("linear_one", &rwkv::cpu::linear_one);
   m.impl("mm8_one_i16", &rwkv::cpu::mm8_one_i16);
   m.impl("linear_one_group", &rwkv::cpu::linear_one_group);
+  m.impl("linear_one_slabs", &rwkv::cpu::linear_one_slabs);
 }

@@ -102,7 +102,8 @@ class Projection:
     fp16 weights on CUDA whose output is wanted in fp32 use ``gemm_fp16`` (fp32 accumulation and
     output: upstream's cuBLAS fix for small-model overflow) when it is compiled. Streamed weights
     stay in CPU memory and are copied for each call. A weight stored as row slabs (a 3-D tensor,
-    rwkv/slabs.py) is multiplied slab by slab and the products summed.
+    rwkv/slabs.py) is multiplied slab by slab and the products summed: for one token on CPU in
+    one ``linear_one_slabs`` call, otherwise one product per slab.
     """
 
     def __init__(self, w: dict, key: str, dd: LayerPlacement, mode: str, stream: bool = False):
@@ -137,6 +138,13 @@ class Projection:
                 and matrix.t().is_contiguous()
                 and _compiled("linear_one", "CPU")):
             self._dense_one = ops.resolve("linear_one", dev_type, mode)
+        # One-token products of row slabs: linear_one_slabs sums the slabs' products in the same
+        # call (one call and one parallel region where separate products were one per slab, plus
+        # the slicing and the sum between them).
+        self._slabs_one = None
+        if self.slabs is not None and (self._dense_one is not None or (self.int8 and self._one_act)) \
+                and _compiled("linear_one_slabs", "CPU"):
+            self._slabs_one = ops.resolve("linear_one_slabs", dev_type, mode)
 
     def _use_one(self, name: str) -> None:
         self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
@@ -158,6 +166,13 @@ class Projection:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
         if self.int8:
             self._use_one("mm8_one")
+
+    def _slabs_take(self, x: torch.Tensor) -> bool:
+        """Whether linear_one_slabs computes this one-token product of x (int8: unless
+        use_exact_int8() chose mm8_one's fp32 math)."""
+        if self.int8:
+            return self._one_act and x.dtype in FUSED_DTYPES
+        return x.dtype == self.weight.dtype
 
     def _weight(self) -> torch.Tensor:
         if self.stream:
@@ -189,6 +204,8 @@ class Projection:
         code = ACTIVATIONS[act] if act else 0
         if self.slabs is None:
             y, done = self._product(x, self._weight(), self.side, self.one_side, out_dtype, code)
+        elif self._slabs_one is not None and rows(x) == 1 and self._slabs_take(x):
+            y, done = self._slabs_one(x, self.weight, list(self.one_side), code), True
         else:  # the product is linear in the rows: the slabs' products summed in fp32
             parts = [self._product(x[:, rows], q, side, side, out_dtype, 0)[0]
                      for rows, q, side in self.slabs]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .common import LnMix, Projection, ProjectionGroup
+from .common import LnMix, Projection, ProjectionGroup, moved
 
 
 class TimeMixV4:
@@ -25,5 +25,7 @@ class TimeMixV4:
         xx, mixed = self.ln_mix(x, sx)
         kx, vx, rx = mixed.unbind(0)
         r, k, v = self.rkv([rx, kx, vx])
-        y = self.wkv(self.decay, self.first, k.contiguous(), v.contiguous(), aa, bb, pp)
-        return x + self.output(r * y.to(x.dtype)), xx[-1]
+        # (No .contiguous() or no-op .to() here: the ops make their inputs contiguous themselves,
+        # and each call left in would be an op of the one-token graph.)
+        y = self.wkv(self.decay, self.first, k, v, aa, bb, pp)
+        return x + self.output(r * moved(y, x.dtype, y.device)), xx[-1]

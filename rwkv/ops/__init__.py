@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_slabs", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -118,3 +118,10 @@ def linear_one_group(x: list, w: list, side: list, act: list, *, mode: str = "au
     if not x:  # no tensor to dispatch on: the reference says what is wrong
         return reference.linear_one_group(x, w, side, act)
     return resolve("linear_one_group", x[0].device.type, mode)(x, w, side, act)
+
+
+def linear_one_slabs(x: Tensor, w: Tensor, side: list, act: int = 0, *, mode: str = "auto") -> Tensor:
+    """x [N] (or [1, N]) @ a weight stored as row slabs w [S, N/S, M] (rwkv/slabs.py): the slabs'
+    products (mm8_one_i16 with side = [mx, rx, my, ry] for uint8 w, else linear_one, side empty)
+    summed in fp32, then the activation code ``act``; in x's dtype. CPU."""
+    return resolve("linear_one_slabs", x.device.type, mode)(x, w, side, act)

@@ -243,8 +243,14 @@ def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool, fp32_side: bool = Fal
     check_dim(op, "w", w, "[N, M]", 2)
     M = int(w.shape[1])
     check_shape(op, "w", w, "[N, M]", (N, M))
-    for name, t, pattern, shape in (("mx", mx, "[M]", (M,)), ("rx", rx, "[M]", (M,)),
-                                    ("my", my, "[N, 1]", (N, 1)), ("ry", ry, "[N, 1]", (N, 1))):
+    _check_side(op, x, (mx, rx, my, ry), N, M, fp32_side)
+    return N, M
+
+
+def _check_side(op: str, x, side, N: int, M: int, fp32_side: bool) -> None:
+    """An int8 product's mx, rx [M] and my, ry [N, 1], in x's dtype (or float32 where fp32_side)."""
+    for name, t, pattern, shape in zip(("mx", "rx", "my", "ry"), side, ("[M]", "[M]", "[N, 1]", "[N, 1]"),
+                                       ((M,), (M,), (N, 1), (N, 1))):
         if fp32_side and x.dtype != torch.float32:
             torch._check(t.dtype in (x.dtype, torch.float32),
                          lambda: f"{op}: {name} must be {dtype_name(x.dtype)} (x's dtype) or float32, "
@@ -252,7 +258,6 @@ def validate_mm8(op: str, x, w, mx, rx, my, ry, seq: bool, fp32_side: bool = Fal
         else:
             check_dtype(op, name, t, x.dtype, " (x's dtype)")
         check_shape(op, name, t, pattern, shape)
-    return N, M
 
 
 def validate_gemm_fp16(a, b) -> tuple:
@@ -283,6 +288,37 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
                  lambda: f"{op}: w must be column-major (w.t() contiguous), got strides "
                          f"{list(w.stride())}")
     return N, M
+
+
+def validate_linear_one_slabs(x, w, side) -> tuple:
+    """Checks linear_one_slabs' arguments (x [N] or [1, N] bf16/fp32; w [S, N/S, M] row slabs, each
+    column-major; uint8 w with side = mx, rx, my, ry, else w in x's dtype and side empty); returns
+    (N, M, S)."""
+    op = "linear_one_slabs"
+    q = w.dtype == torch.uint8
+    torch._check(len(side) == (4 if q else 0),
+                 lambda: f"{op}: side must " + ("hold mx, rx, my, ry (w is uint8)" if q else
+                                                 "be empty (w is not uint8)") + f", got {len(side)} tensors")
+    check_same_device(op, ("x", "w"), (x, w))
+    if q:
+        check_same_device(op, ("x", "mx", "rx", "my", "ry"), (x, *side))
+    torch._check(x.dtype in (torch.bfloat16, torch.float32),
+                 lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
+    check_one_row(op, "x", x)
+    check_dim(op, "w", w, "[S, N/S, M]", 3)
+    N = int(x.shape[-1])
+    S, K, M = (int(d) for d in w.shape)
+    torch._check(S >= 1 and S * K == N,
+                 lambda: f"{op}: w must have shape [S, N/S, M] with S >= 1 slabs of N/S rows (N = {N}), "
+                         f"got {_shape(w)}")
+    torch._check(w.numel() == 0 or ((K <= 1 or w.stride(1) == 1) and (M <= 1 or w.stride(2) == K)),
+                 lambda: f"{op}: w's slabs must be column-major (w[s].t() contiguous), got strides "
+                         f"{list(w.stride())}")
+    if not q:
+        check_dtype(op, "w", w, x.dtype, " (x's dtype)")
+        return N, M, S
+    _check_side(op, x, side, N, M, True)
+    return N, M, S
 
 
 def linear_one_group_members(x, w, side) -> list:

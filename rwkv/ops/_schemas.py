@@ -197,6 +197,21 @@ def _linear_one_group_fake(x, w, side, act):
     return [xi.new_empty(_checks.one_row_shape(xi, M)) for xi, (N, M) in zip(x, dims)]
 
 
+# One one-token product whose weight is stored as row slabs (rwkv/slabs.py; CPU): w [S, N/S, M],
+# slab s a column-major matrix of rows s*N/S.., uint8 (side = mx, rx [M], my, ry [N, 1] in x's
+# dtype or fp32: mm8_one_i16's math per slab, one int16 scale per slab) or in x's dtype (bf16 or
+# fp32, side empty: linear_one's per slab). The slabs' fp32 results are summed in slab order, then
+# the activation act, then rounded once to x's dtype. Returns y: [M] or [1, M] (as x).
+_define("linear_one_slabs", "(Tensor x, Tensor w, Tensor[] side, int act=0) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one_slabs")
+def _linear_one_slabs_fake(x, w, side, act=0):
+    N, M, S = _checks.validate_linear_one_slabs(x, w, side)
+    _checks.check_act("linear_one_slabs", act)
+    return x.new_empty(_checks.one_row_shape(x, M))
+
+
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
 # the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
@@ -209,4 +224,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
-       "linear_one_group")
+       "linear_one_group", "linear_one_slabs")

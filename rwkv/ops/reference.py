@@ -342,3 +342,25 @@ def linear_one_group(x, w, side, act):
     _checks.validate_linear_one_group(x, w, side, act)
     return [linear_one(xi, wi, a) if side_i is None else mm8_one_i16(xi, wi, *side_i, a)
             for (_, xi, wi, side_i), a in zip(_checks.linear_one_group_members(x, w, side), act)]
+
+
+def linear_one_slabs(x, w, side, act=0):
+    """One product whose weight w [S, N/S, M] is stored as row slabs: slab s's product (mm8_one_i16
+    of x's rows of the slab with its rows of my, ry for a uint8 w, whose side is mx, rx, my, ry;
+    linear_one for a bf16 or fp32 w, side empty) in fp32, summed in slab order, then the
+    activation ``act``. Returns [M] or [1, M] (as x) in x's dtype."""
+    N, M, S = _checks.validate_linear_one_slabs(x, w, side)
+    _checks.check_act("linear_one_slabs", act)
+    f, K = torch.float32, N // S
+    x32 = x.to(f)
+    side32 = [t.to(f) for t in side]
+    y = None
+    for s in range(S):
+        rows_s = slice(s * K, (s + 1) * K)
+        if side32:
+            mx, rx, my, ry = side32
+            part = mm8_one_i16(x32[..., rows_s], w[s], mx, rx, my[rows_s], ry[rows_s])
+        else:
+            part = linear_one(x32[..., rows_s], w[s].to(f))
+        y = part if y is None else y + part
+    return activate(y, act).to(x.dtype)
