@@ -90,6 +90,25 @@ def test_group_thread_split(threads, rng):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_group_thread_split_covers_every_column(threads, rng):
+    # The split's shared tail (cpu/parallel.h) hands out chunks smaller than some members' blocks
+    # and across member boundaries: every column must still be computed (the results are
+    # uninitialized memory otherwise), which the reference, computed without threads, checks.
+    fn = compiled_or_skip(OP)
+    args, _ = make_group(GROUPS["large"] + GROUPS["model_like"] + GROUPS["large"], rng)
+    want = ops.resolve(OP, "cpu", "reference")(*args)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = fn(*args)
+    finally:
+        torch.set_num_threads(before)
+    for y, w in zip(got, want):
+        scale = float(w.float().abs().max()) + 1e-6
+        assert float((y.float() - w.float()).abs().max()) <= 1e-4 * scale
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_group_int8_fallback(impl, rng):
     # An int8 product whose x*ry is all zero takes mm8_one_i16's fp32 path, inside the group too.
