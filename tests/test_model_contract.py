@@ -248,6 +248,38 @@ def test_grouped_products_equal_separate_products(paths, v, strategy):
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 
 
+@pytest.mark.parametrize("v", ["4", "7"])  # (3.5x FFNs here, 224 rows, have no 64-row slabs)
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, strategy):
+    """One-token products of matrices kept in row slabs are one linear_one_slabs call each, with
+    the results of one product per slab summed in fp32 (bit for bit with fp32 activations; bf16
+    now rounds the sum once instead of each slab's product)."""
+    from rwkv import ops, slabs
+    from rwkv.models.common import Projection, projections
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 256)  # the 256-row FFN value matrices: 2 or 4 slabs
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    per_slab = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    split = [p for m in per_slab._rt.att + per_slab._rt.ffn for p in projections(m) if p.slabs is not None]
+    assert split and all(p._slabs_one is not None for p in split)
+    for p in split:
+        p._slabs_one = None  # the slab-by-slab path
+    calls = []
+    real = ops.resolve("linear_one_slabs", "cpu")
+    for p in (p for m in fused._rt.att + fused._rt.ffn for p in projections(m) if p.slabs is not None):
+        p._slabs_one = lambda *args, _op=real: calls.append(1) or _op(*args)
+    _, s = fused.forward([1, 2, 3], None)
+    a, sa = fused.forward([5], _clone(s))
+    b, sb = per_slab.forward([5], _clone(s))
+    assert len(calls) == len(split)
+    if "bf16" in strategy:
+        assert float((a - b).abs().max()) <= 0.05 * float(b.abs().max())
+    else:
+        assert torch.equal(a, b)
+        assert all(torch.equal(x, y) for x, y in zip(sa, sb))
+
+
 def test_verbose_plan_names_the_int8_decode_op(paths, capsys):
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:
