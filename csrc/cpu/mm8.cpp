@@ -93,7 +93,7 @@ Mm8Prepared mm8_prepare(const Mm8Dims& d, bool seq, const at::Tensor& x, const a
   Mm8Prepared p{d.T, d.N, d.M, fp32(x), fp32(mx), fp32(rx), {}, {}, {}, nullptr, nullptr};
   const at::Tensor my32 = fp32(my), ry32 = fp32(ry);
   // Column-major [N, M] (w.t() contiguous) is the fast path; anything else is copied into it.
-  p.q = column_major(w) ? w : w.t().contiguous().t();
+  p.q = as_column_major(w);
   if (seq) {
     p.xs_t = at::empty({p.T, p.N}, p.x32.options());
     p.sums_t = at::empty({p.T, 3}, p.x32.options());

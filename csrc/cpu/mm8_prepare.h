@@ -1,6 +1,7 @@
-// What the int8 product glue shares (cpu/mm8.cpp: mm8_one, mm8_seq; cpu/one_token.cpp:
-// mm8_one_i16 and the int8 members of linear_one_group): the checked inputs in fp32, w as
-// column-major [N, M], xs = x*ry and the per-row sums of kernels/mm8.h, and the fp32 loop.
+// What the int8 product glue shares: cpu/mm8.cpp (mm8_one, mm8_seq) prepares with mm8_prepare
+// (the checked inputs in fp32, w as column-major [N, M], xs = x*ry and the per-row sums of
+// kernels/mm8.h) and runs the fp32 loop; cpu/one_token.cpp (mm8_one_i16, linear_one_group,
+// linear_one_slabs) prepares per matrix or slab itself, with the same helpers and scratch.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,6 +49,12 @@ class Scratch {
   void* ptr_ = nullptr;
   size_t size_ = 0;
 };
+
+// w [N, M] itself when column-major (w.t() contiguous, the model's layout), else a column-major
+// copy: what the int8 kernels read.
+inline at::Tensor as_column_major(const at::Tensor& w) {
+  return column_major(w) ? w : w.t().contiguous().t();
+}
 
 // t itself when fp32 and contiguous, else an fp32 contiguous copy (bf16: cpu/float_io.h's
 // widened(), a plain loop for the few thousand values of one token, where ATen's conversion

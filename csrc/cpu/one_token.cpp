@@ -46,7 +46,7 @@ struct Product {
   at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
   bool int8() const { return side != nullptr; }
-  int64_t K() const { return S > 0 ? N / S : 0; }  // rows per slab (N for a matrix)
+  int64_t K() const { return N / S; }  // rows per slab (N for a matrix; S >= 1)
 };
 
 // One matrix of a product (its w, or one of its row slabs), as the kernels see it.
@@ -110,7 +110,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
     const int64_t K = pr.K();
     const float* x = pr.x32.data_ptr<float>();
     const char* w = static_cast<const char*>(pr.w->data_ptr());
-    int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
+    const int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
     if (pr.int8()) {
       const at::Tensor* s = pr.side;
       pr.mx32 = fp32(s[0]);
@@ -118,7 +118,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       pr.my32 = fp32(s[2]);
       pr.ry32 = fp32(s[3]);
       if (pr.w->dim() == 2) {  // any strides: copied into column-major order once
-        pr.q = column_major(*pr.w) ? *pr.w : pr.w->t().contiguous().t();
+        pr.q = as_column_major(*pr.w);
         w = static_cast<const char*>(pr.q.data_ptr());
       }
     }
