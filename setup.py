@@ -36,6 +36,10 @@ def _rel(paths):
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
 
+# See _extensions(): symbols from static archives (a statically linked libstdc++) stay private.
+PRIVATE_ARCHIVES = ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
+
+
 def _find_nvcc():
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
@@ -81,6 +85,14 @@ def _extensions():
         # sized by torch.set_num_threads.
         cxx.append("-fopenmp")
         link.append("-fopenmp")
+    if sys.platform.startswith("linux"):
+        # Symbols the link takes from static archives stay private to rwkv._C. Some toolchains
+        # link libstdc++ statically into shared objects (seen on the GPU machine's /opt/gcc g++):
+        # its functions then bound to our copy but its data (locale facet ids, the classic locale)
+        # to the process's shared libstdc++, and formatting a number in an error message called
+        # the wrong facet and crashed the process. Hidden, the private copy is self-consistent.
+        # Without static archives the flag changes nothing.
+        link += PRIVATE_ARCHIVES
     ext_kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=link)
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;8.9;9.0+PTX")
@@ -101,6 +113,7 @@ def _extensions():
         from setuptools import Extension
         exts.append(Extension("rwkv._tokenizer", tok_sources, include_dirs=include_dirs,
                               extra_compile_args=opt + ["-std=c++17", "-fvisibility=hidden"],
+                              extra_link_args=PRIVATE_ARCHIVES,
                               language="c++"))
     info = {"ext": True, "cuda": with_cuda, "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST")}

@@ -86,7 +86,7 @@ SIZES = {"0.4b": dict(n_layer=24, n_embd=1024), "1.5b": dict(n_layer=24, n_embd=
 VOCAB = 65536
 # Rough seconds one size needs (checkpoint, loads, both strategies, upstream); a size is only
 # started when this much of --budget-s is left, so a late 7B row is skipped, not cut off.
-COST_S = {"0.4b": 25, "1.5b": 50, "7b": 150}
+COST_S = {"0.4b": 25, "1.5b": 50, "7b": 100}
 NOMINAL_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
 

@@ -33,7 +33,7 @@ import pytest
 # The kernels compiled for the CPU and run through a CUDA emulator (see that module's docstring).
 from tests.cuda.emu.emulated_tests import (  # noqa: F401
     emu_gen, emu_lib, test_emulated_linear_one, test_emulated_mm8, test_emulated_wkv,
-    test_emulated_wkv4)
+    test_emulated_ln_mix, test_emulated_wkv4, test_emulated_wkv7_block)
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "csrc" / "cuda"

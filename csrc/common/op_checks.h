@@ -51,11 +51,22 @@ inline void check_channel_vectors(const char* op, std::initializer_list<NamedTen
   }
 }
 
-// The fused CPU ops' activations (the model's activation dtype): float32 or bfloat16. They
-// compute in fp32 and give their result in this dtype.
+// The fused ops' activations (the model's activation dtype): float32 or bfloat16, and float16
+// too on CUDA (the CPU kernels have no fp16 path). They compute in fp32 and give their result in
+// this dtype.
 inline void check_activation_dtype(const char* op, const char* name, const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op, ": ", name,
-              " must be float32 or bfloat16, got ", dtype_name(x.scalar_type()));
+  const at::ScalarType dt = x.scalar_type();
+  const bool half_ok = x.is_cuda();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || (half_ok && dt == at::kHalf), op, ": ",
+              name, half_ok ? " must be float32, bfloat16 or float16" : " must be float32 or bfloat16",
+              ", got ", dtype_name(dt));
+}
+
+// The CUDA wkv kernels' head-size limit (`max_n`: rwkv::cuda::kWkvMaxHeadSize), checked by the
+// glue of every CUDA op that runs one, after the op's own checks.
+inline void check_cuda_head_size(const char* op, int64_t N, int64_t max_n) {
+  TORCH_CHECK(N <= max_n, op, ": state must have a head size N (state.size(1)) of at most ", max_n,
+              " on CUDA, got ", N);
 }
 
 struct Wkv4Dims { int64_t T, C; };
@@ -80,7 +91,7 @@ inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::T
 struct WkvDims { int64_t T, H, N; };
 
 // The [H, N, N] fp32 contiguous state of wkv5/6/7 and the T of r, which is float32 or, for an
-// op whose r is an activation (r_activation), bfloat16 too.
+// op whose r is an activation (r_activation), bfloat16 (and float16 on CUDA) too.
 inline WkvDims check_state_and_r(const char* op, const at::Tensor& state, const at::Tensor& r,
                                  bool r_activation = false) {
   RWKV_CHECK_DTYPE(op, state, at::kFloat);

@@ -42,6 +42,21 @@ void mm8_forward(Act act, int64_t T, int64_t N, int64_t M, const void* x, int64_
                  const uint8_t* w, const void* mx, const void* rx, const void* my, const void* ry,
                  void* y, int64_t ldy, bool vec, cudaStream_t stream);
 
+// ln_mix (blocks.cu): x [T, C] and sx [C] of type `act`; w, b [C] and mix [n, C] fp32; writes
+// xx [T, C] and out [n, T, C] of type `act` (the layer norm of x and its n token-shift mixes).
+void ln_mix_forward(Act act, int64_t T, int64_t C, int64_t n, const void* x, const void* sx,
+                    const float* w, const float* b, const float* mix, bool lerp, float eps,
+                    void* xx, void* out, cudaStream_t stream);
+
+// wkv7_block (blocks.cu): state [H, N, N] fp32 in place; r, w, k, v, a, g, y [T, H*N] of type
+// `act`; v_first and v_gate likewise, or both null (first layer); p [8, H*N] fp32; tmp: fp32
+// scratch of wkv7_block_tmp_floats(T, H, N) values.
+void wkv7_block_forward(Act act, int64_t T, int64_t H, int64_t N, float* state, const void* r,
+                        const void* w, const void* k, const void* v, const void* a,
+                        const void* g, const void* v_first, const void* v_gate, const float* p,
+                        float eps, float* tmp, void* y, cudaStream_t stream);
+constexpr int64_t wkv7_block_tmp_floats(int64_t T, int64_t H, int64_t N) { return 7 * T * H * N; }
+
 // linear_one: y [M] = x [N] @ w [N, M], all bf16, w column-major (column m at w + m * N), fp32
 // accumulation. `vec`: N % 8 == 0 and 16-byte aligned x and w (16-byte loads).
 void linear_one_bf16(int64_t N, int64_t M, const void* x, const void* w, void* y, bool vec,

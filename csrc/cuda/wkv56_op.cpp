@@ -20,9 +20,7 @@ at::Tensor wkv56_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::
   const char* op = kPerTokenW ? "wkv6_forward" : "wkv5_forward";
   const auto [T, H, N] = rwkv::check_wkv56(op, kPerTokenW, state, r, k, v, w, u);
   TORCH_INTERNAL_ASSERT(state.is_cuda());
-  TORCH_CHECK(N <= rwkv::cuda::kWkvMaxHeadSize, op,
-              ": state must have a head size N (state.size(1)) of at most ",
-              rwkv::cuda::kWkvMaxHeadSize, " on CUDA, got ", N);
+  rwkv::check_cuda_head_size(op, N, rwkv::cuda::kWkvMaxHeadSize);
 
   const c10::cuda::OptionalCUDAGuard guard(state.device());
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),

@@ -19,9 +19,7 @@ at::Tensor wkv7_forward_cuda(at::Tensor& state, const at::Tensor& r, const at::T
   const char* op = "wkv7_forward";
   const auto [T, H, N] = rwkv::check_wkv7(state, r, w, k, v, a, b);
   TORCH_INTERNAL_ASSERT(state.is_cuda());
-  TORCH_CHECK(N <= rwkv::cuda::kWkvMaxHeadSize, op,
-              ": state must have a head size N (state.size(1)) of at most ",
-              rwkv::cuda::kWkvMaxHeadSize, " on CUDA, got ", N);
+  rwkv::check_cuda_head_size(op, N, rwkv::cuda::kWkvMaxHeadSize);
 
   const c10::cuda::OptionalCUDAGuard guard(state.device());
   const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),

@@ -50,19 +50,24 @@ def _compiled(name: str, dispatch_key: str) -> bool:
     return _backend.has_kernel(name, dispatch_key)
 
 
-#: The activation dtypes the fused CPU ops take (they compute in fp32 and give results in it).
-FUSED_DTYPES = (torch.float32, torch.bfloat16)
+#: The activation dtypes the fused ops take, per device type (they compute in fp32 and give
+#: results in it). CUDA has ln_mix and wkv7_block (csrc/cuda/blocks.cu), also for fp16.
+FUSED_DTYPES = {"cpu": (torch.float32, torch.bfloat16),
+                "cuda": (torch.float32, torch.bfloat16, torch.float16)}
 
 
-def fused_cpu_op(name: str, dd: LayerPlacement, mode: str, *weights: torch.Tensor):
-    """The compiled CPU op ``name`` for a layer placed on CPU with fp32 or bf16 activations, whose
-    ``weights`` are fp32 or bf16 too, or None: kernels="reference", other devices or dtypes, or no
-    compiled kernel. The caller then runs the op's math as torch ops, with the bits it always had.
-    The op computes in fp32: with bf16 activations it rounds once, where the torch ops (and
-    upstream) round after each step, so its results are as close or closer to the fp32 ones."""
-    if (torch.device(dd.device).type == "cpu" and mode != "reference" and dd.atype in FUSED_DTYPES
-            and all(t.dtype in FUSED_DTYPES for t in weights) and _compiled(name, "CPU")):
-        return ops.resolve(name, "cpu", mode)
+def fused_op(name: str, dd: LayerPlacement, mode: str, *weights: torch.Tensor):
+    """The compiled op ``name`` for a layer on ``dd``'s device type when that device has a kernel
+    for it and takes the layer's activation dtype (and ``weights``' dtypes), or None:
+    kernels="reference", other devices or dtypes, or no compiled kernel. The caller then runs the
+    op's math as torch ops, with the bits it always had. The op computes in fp32: with bf16 or
+    fp16 activations it rounds once, where the torch ops (and upstream) round after each step, so
+    its results are as close or closer to the fp32 ones."""
+    kind = torch.device(dd.device).type
+    dtypes = FUSED_DTYPES.get(kind, ())
+    if (mode != "reference" and dd.atype in dtypes and all(t.dtype in dtypes for t in weights)
+            and _compiled(name, kind.upper())):
+        return ops.resolve(name, kind, mode)
     return None
 
 
@@ -81,7 +86,7 @@ class LnMix:
         self.mix, rmix = stacked_mixes(mixes)
         self.rmix = rmix if lerp else None
         self.lerp = lerp
-        self.op = fused_cpu_op("ln_mix", dd, mode)
+        self.op = fused_op("ln_mix", dd, mode)
         if self.op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
             self.op_params = (self.ln_w.float(), self.ln_b.float(), self.mix.squeeze(1).float())
 
@@ -171,7 +176,7 @@ class Projection:
         """Whether linear_one_slabs computes this one-token product of x (int8: unless
         use_exact_int8() chose mm8_one's fp32 math)."""
         if self.int8:
-            return self._one_act and x.dtype in FUSED_DTYPES
+            return self._one_act and x.dtype in FUSED_DTYPES["cpu"]
         return x.dtype == self.weight.dtype
 
     def _weight(self) -> torch.Tensor:

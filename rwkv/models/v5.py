@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import group_norm, maa_mix_math, wkv6_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op, stacked_mixes
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, stacked_mixes
 
 
 class TimeMixV5:
@@ -86,8 +86,8 @@ class TimeMixV6(TimeMixV5):
         self.decay_base = w[a + "time_decay"].reshape(-1)  # fp32 log-decay (A,)
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
-        self.maa_op = fused_cpu_op("maa_mix", dd, mode, self.maa_w2)
-        self.block = fused_cpu_op("wkv6_block", dd, mode)
+        self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
+        self.block = fused_op("wkv6_block", dd, mode)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 

@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_cpu_op, moved
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, moved
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -45,7 +45,7 @@ class TimeMixV7:
             second.append((self.v2, None, None))
         self.first_products, self.second_products = ProjectionGroup(first, mode), ProjectionGroup(second, mode)
         self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
-        self.block = fused_cpu_op("wkv7_block", dd, mode)
+        self.block = fused_op("wkv7_block", dd, mode)
         if self.block is not None:
             self.block_params = self.params.float()  # the op's p: fp32 (bf16 rows widened, exactly)
 

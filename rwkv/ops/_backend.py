@@ -19,7 +19,6 @@ MODES = ("auto", "compiled", "reference")
 
 # Ops whose kernel on that device type is the reference by design (docs/kernels.md): no warning.
 _REFERENCE_BY_DESIGN = {("gemm_fp16", "cpu"), ("mm8_one_i16", "cuda"), ("wkv6_block", "cuda"),
-                        ("wkv7_block", "cuda"), ("ln_mix", "cuda"),
                         ("maa_mix", "cuda"), ("linear_one_group", "cuda")}
 
 _lock = threading.Lock()

@@ -74,10 +74,15 @@ def _check_channel_vectors(op: str, names: Sequence[str], tensors: Sequence[torc
 
 
 def check_activation_dtype(op: str, name: str, x: torch.Tensor) -> None:
-    """The fused CPU ops' activations (the model's activation dtype): float32 or bfloat16. They
-    compute in fp32 and give their result in this dtype."""
-    torch._check(x.dtype in (torch.float32, torch.bfloat16),
-                 lambda: f"{op}: {name} must be float32 or bfloat16, got {dtype_name(x.dtype)}")
+    """The fused ops' activations (the model's activation dtype): float32 or bfloat16, and float16
+    too on CUDA (the CPU kernels have no fp16 path). They compute in fp32 and give their result in
+    this dtype."""
+    if x.device.type == "cuda":
+        torch._check(x.dtype in (torch.float32, torch.bfloat16, torch.float16),
+                     lambda: f"{op}: {name} must be float32, bfloat16 or float16, got {dtype_name(x.dtype)}")
+    else:
+        torch._check(x.dtype in (torch.float32, torch.bfloat16),
+                     lambda: f"{op}: {name} must be float32 or bfloat16, got {dtype_name(x.dtype)}")
 
 
 def _check_activation_and_shift(op: str, name: str, x: torch.Tensor, sx: torch.Tensor) -> tuple:

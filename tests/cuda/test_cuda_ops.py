@@ -301,6 +301,143 @@ def test_linear_one_matches_reference(N, M, gen):
 
 # ------------------------------------------------------------------- streams, graphs, opcheck
 
+# ------------------------------------------------------------------- ln_mix, wkv7_block
+
+ACT = [torch.float32, torch.float16, torch.bfloat16]
+LN_EPS, GN_EPS = 1e-5, 64e-5
+BLOCK_PARAM_RANGES = ((-3, 1), (-1, 1), (-1, 1), (0.5, 1.5), (0, 1), (-1, 1), (0.5, 1.5), (-0.5, 0.5))
+
+
+def close_act(actual, expected64, dtype, tol=1e-4):
+    """Computed in fp32 (fast-math exp, division) and rounded once: tol plus half a dtype ulp."""
+    assert actual.dtype == dtype and actual.device.type == DEV
+    extra = 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps / 2
+    close(actual, expected64, tol + extra)
+
+
+def ln_mix_inputs(T, C, n, dtype, gen):
+    x, sx = uni((T, C), gen, 2, 4, dtype), uni((C,), gen, -1, 1, dtype)
+    return x, sx, uni((C,), gen, 0.5, 1.5), uni((C,), gen, -0.5, 0.5), uni((n, C), gen, 0, 1)
+
+
+def ln_mix_spec(x, sx, w, b, mix, lerp):
+    x, sx, w, b, mix = d64(x, sx, w, b, mix)
+    m = mix.unsqueeze(1)
+    return ref.ln_mix_math(x, sx, w, b, m, 1 - m if lerp else None, LN_EPS)
+
+
+@pytest.mark.parametrize("dtype", ACT, ids=str)
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+@pytest.mark.parametrize("T,C,n", [(1, 1024, 6), (1, 4096, 1), (3, 33, 2), (7, 2048, 5), (1, 8, 1)])
+def test_ln_mix_matches_spec(T, C, n, lerp, dtype, gen):
+    args = ln_mix_inputs(T, C, n, dtype, gen)
+    xx, mixed = op("ln_mix")(*args, lerp, LN_EPS)
+    want_xx, want_mixed = ln_mix_spec(*args, lerp)
+    assert xx.shape == (T, C) and mixed.shape == (n, T, C)
+    close_act(xx, want_xx, dtype)
+    close_act(mixed, want_mixed, dtype)
+
+
+def test_ln_mix_rows_equal_token_by_token_fp32(gen):
+    x, sx, w, b, mix = ln_mix_inputs(5, 300, 3, torch.float32, gen)
+    xx, mixed = op("ln_mix")(x, sx, w, b, mix, False, LN_EPS)
+    prev = sx
+    for t in range(5):
+        xx1, mixed1 = op("ln_mix")(x[t:t + 1], prev, w, b, mix, False, LN_EPS)
+        assert torch.equal(xx1[0], xx[t]) and torch.equal(mixed1[:, 0], mixed[:, t])
+        prev = xx1[0]
+
+
+def block_inputs(T, H, N, dtype, gen, first_layer=False):
+    C = H * N
+    state = uni((H, N, N), gen)
+    r, w, k, v, a, g = (uni((T, C), gen, -2, 2, dtype) for _ in range(6))
+    vf, vg = (None, None) if first_layer else (uni((T, C), gen, -1, 1, dtype),
+                                               uni((T, C), gen, -2, 2, dtype))
+    p = torch.stack([uni((C,), gen, lo, hi) for lo, hi in BLOCK_PARAM_RANGES])
+    return state, r, w, k, v, a, g, vf, vg, p
+
+
+def block_spec(state, r, w, k, v, a, g, vf, vg, p):
+    S = state.detach().to("cpu", torch.float64)
+    opt = [None if t is None else d64(t)[0] for t in (vf, vg)]
+    y = ref.wkv7_block_math(ref.wkv7_inplace_math, S, *d64(r, w, k, v, a, g), *opt,
+                            d64(p)[0].unbind(0), GN_EPS)
+    return y, S
+
+
+@pytest.mark.parametrize("dtype", ACT, ids=str)
+@pytest.mark.parametrize("first_layer", [False, True], ids=["later", "first"])
+@pytest.mark.parametrize("T,H,N", [(1, 32, 64), (1, 3, 33), (5, 4, 64), (2, 2, 128), (3, 1, 256),
+                                   (1, 2, 1)])
+def test_wkv7_block_matches_spec(T, H, N, first_layer, dtype, gen):
+    args = block_inputs(T, H, N, dtype, gen, first_layer)
+    y64, s64 = block_spec(*args)
+    state_obj = args[0]
+    y = op("wkv7_block")(*args, GN_EPS)
+    assert y.shape == (T, H * N) and args[0] is state_obj
+    close_act(y, y64, dtype)
+    close(state_obj, s64)
+
+
+def test_wkv7_block_sequence_equals_token_by_token(gen):
+    state, *rows, p = block_inputs(6, 3, 64, torch.float16, gen)
+    s_seq, s_one = state.clone(), state.clone()
+    y = op("wkv7_block")(s_seq, *rows, p, GN_EPS)
+    for t in range(6):
+        y1 = op("wkv7_block")(s_one, *(x[t:t + 1] for x in rows), p, GN_EPS)
+        assert torch.equal(y1[0], y[t])
+    assert torch.equal(s_seq, s_one)
+
+
+def test_wkv7_block_and_ln_mix_capture_in_cuda_graph(gen):
+    state, *rows, p = block_inputs(1, 4, 64, torch.float16, gen)
+    lm = ln_mix_inputs(1, 256, 6, torch.float16, gen)
+    eager_state = state.clone()
+    eager = (op("wkv7_block")(eager_state, *rows, p, GN_EPS), op("ln_mix")(*lm, False, LN_EPS))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up outside the capture
+        op("wkv7_block")(state.clone(), *rows, p, GN_EPS)
+        op("ln_mix")(*lm, False, LN_EPS)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = (op("wkv7_block")(state, *rows, p, GN_EPS), op("ln_mix")(*lm, False, LN_EPS))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], eager[0]) and torch.equal(state, eager_state)
+    assert all(torch.equal(a, b) for a, b in zip(out[1], eager[1]))
+
+
+def test_fused_ops_reject_bad_inputs(gen):
+    state, r, w, k, v, a, g, vf, vg, p = block_inputs(2, 2, 64, torch.float16, gen)
+    before = state.clone()
+    blk = op("wkv7_block")
+    with pytest.raises(RuntimeError, match="wkv7_block: r must be float32, bfloat16 or float16, "
+                                           "got float64"):
+        blk(state, r.double(), w, k, v, a, g, vf, vg, p, GN_EPS)
+    with pytest.raises(RuntimeError, match=r"wkv7_block: w must be float16 \(r's dtype\), got float32"):
+        blk(state, r, w.float(), k, v, a, g, vf, vg, p, GN_EPS)
+    with pytest.raises(RuntimeError, match=r"wkv7_block: p must have shape \[8, H\*N\] = \[8, 128\]"):
+        blk(state, r, w, k, v, a, g, vf, vg, p[:7], GN_EPS)
+    with pytest.raises(RuntimeError, match="wkv7_block: v_first and v_gate must be given together"):
+        blk(state, r, w, k, v, a, g, vf, None, p, GN_EPS)
+    with pytest.raises(RuntimeError, match="wkv7_block: state must have a head size N .* at most 256"):
+        blk(torch.zeros(1, 300, 300, device=DEV), *[torch.zeros(1, 300, device=DEV)] * 6, None,
+            None, torch.zeros(8, 300, device=DEV), GN_EPS)
+    assert torch.equal(state, before)  # rejected before anything is written
+    x, sx, lw, lb, mix = ln_mix_inputs(2, 64, 2, torch.float16, gen)
+    with pytest.raises(RuntimeError, match=r"ln_mix: sx must be float16 \(x's dtype\), got float32"):
+        op("ln_mix")(x, sx.float(), lw, lb, mix, True, LN_EPS)
+    with pytest.raises(RuntimeError, match=r"ln_mix: mix must have shape \[n, C\] = \[2, 64\], got \[2, 63\]"):
+        op("ln_mix")(x, sx, lw, lb, mix[:, :63], True, LN_EPS)
+    # The CPU kernels have no fp16 path and say so.
+    with pytest.raises(RuntimeError, match="ln_mix: x must be float32 or bfloat16, got float16"):
+        ops.resolve("ln_mix", "cpu", "compiled")(x.cpu(), sx.cpu(), lw.cpu(), lb.cpu(), mix.cpu(),
+                                                True, LN_EPS)
+
+
 def test_ops_run_on_the_current_stream(gen):
     state, *rest = wkv7_inputs(9, 2, 64, gen)
     y64, s64 = ref.wkv7_math(*d64(state, *rest))
@@ -343,6 +480,8 @@ def test_opcheck_cuda(gen):
         "mm8_seq": mm8_inputs(3, 64, 48, torch.bfloat16, gen),
         "gemm_fp16": (uni((3, 16), gen, dtype=torch.float16),
                       uni((16, 8), gen, dtype=torch.float16), True),
+        "ln_mix": (*ln_mix_inputs(3, 64, 2, torch.float16, gen), False, LN_EPS),
+        "wkv7_block": (*block_inputs(3, 2, 32, torch.float16, gen), GN_EPS),
         "linear_one": (uni((16,), gen, dtype=torch.bfloat16),
                        uni((8, 16), gen, dtype=torch.bfloat16).t()),
     }

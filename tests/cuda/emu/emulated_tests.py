@@ -79,6 +79,17 @@ void emu_mm8(int act, long T, long N, long M, const void* x, long ldx, const uns
   mm8_forward(static_cast<Act>(act), T, N, M, x, ldx, w, mx, rx, my, ry, y, ldy, vec != 0,
               nullptr);
 }
+void emu_ln_mix(int act, long T, long C, long n, const void* x, const void* sx, const float* w,
+                const float* b, const float* mix, int lerp, float eps, void* xx, void* out) {
+  ln_mix_forward(static_cast<Act>(act), T, C, n, x, sx, w, b, mix, lerp != 0, eps, xx, out,
+                 nullptr);
+}
+void emu_wkv7_block(int act, long T, long H, long N, float* s, const void* r, const void* w,
+                    const void* k, const void* v, const void* a, const void* g, const void* vf,
+                    const void* vg, const float* p, float eps, float* tmp, void* y) {
+  wkv7_block_forward(static_cast<Act>(act), T, H, N, s, r, w, k, v, a, g, vf, vg, p, eps, tmp, y,
+                     nullptr);
+}
 }
 """
 
@@ -219,3 +230,57 @@ def test_emulated_linear_one(emu_lib, N, M, emu_gen):
         bound = 2 * float((want.to(torch.bfloat16).double() - want).abs().max()) \
             + torch.finfo(torch.bfloat16).eps * max(1.0, float(want.abs().max())) + 1e-5 * N
         assert err <= bound, (vec, err, bound)
+
+
+ACT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def close_act(actual, expected, dtype, tol=2e-5):
+    """A result computed in fp32 and rounded once to dtype: fp32 tolerance plus half an ulp."""
+    extra = 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps / 2
+    close(actual, expected, tol + extra)
+
+
+@needs_emu
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=str)
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+@pytest.mark.parametrize("T,C,n", [(1, 64, 6), (3, 33, 2), (2, 1100, 1)])
+def test_emulated_ln_mix(emu_lib, T, C, n, lerp, dtype, emu_gen):
+    x, sx = rand((T, C), emu_gen, 2, 4, dtype), rand((C,), emu_gen, -1, 1, dtype)
+    w, b = rand((C,), emu_gen, 0.5, 1.5), rand((C,), emu_gen, -0.5, 0.5)
+    mix = rand((n, C), emu_gen, 0, 1)
+    xx = torch.full((T, C), float("nan"), dtype=dtype)
+    out = torch.full((n, T, C), float("nan"), dtype=dtype)
+    emu_lib.emu_ln_mix(ACT[dtype], *L(T, C, n), *map(ptr, (x, sx, w, b, mix)), int(lerp),
+                       ctypes.c_float(1e-5), ptr(xx), ptr(out))
+    m = mix.double().unsqueeze(1)
+    want_xx, want_out = ref.ln_mix_math(x.double(), sx.double(), w.double(), b.double(), m,
+                                        1 - m if lerp else None, 1e-5)
+    close_act(xx, want_xx, dtype)
+    close_act(out, want_out, dtype)
+
+
+@needs_emu
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=str)
+@pytest.mark.parametrize("first_layer", [False, True], ids=["later", "first"])
+@pytest.mark.parametrize("T,H,N", [(1, 2, 64), (3, 3, 20), (2, 1, 33)])
+def test_emulated_wkv7_block(emu_lib, T, H, N, first_layer, dtype, emu_gen):
+    gen, C = emu_gen, H * N
+    state = rand((H, N, N), gen)
+    r, w, k, v, a, g = (rand((T, C), gen, -2, 2, dtype) for _ in range(6))
+    vf, vg = (None, None) if first_layer else (rand((T, C), gen, -1, 1, dtype),
+                                               rand((T, C), gen, -2, 2, dtype))
+    ranges = ((-3, 1), (-1, 1), (-1, 1), (0.5, 1.5), (0, 1), (-1, 1), (0.5, 1.5), (-0.5, 0.5))
+    p = torch.stack([rand((C,), gen, lo, hi) for lo, hi in ranges])
+    eps = 64e-5
+    S64 = state.double()
+    opt = [None if t is None else t.double() for t in (vf, vg)]
+    want_y = ref.wkv7_block_math(ref.wkv7_inplace_math, S64, *(t.double() for t in (r, w, k, v, a, g)),
+                                 *opt, p.double().unbind(0), eps)
+    tmp = torch.full((7 * T * C,), float("nan"))
+    y = torch.full((T, C), float("nan"), dtype=dtype)
+    emu_lib.emu_wkv7_block(ACT[dtype], *L(T, H, N), *map(ptr, (state, r, w, k, v, a, g)),
+                           ptr(vf) if vf is not None else None, ptr(vg) if vg is not None else None,
+                           ptr(p), ctypes.c_float(eps), ptr(tmp), ptr(y))
+    close_act(y, want_y, dtype, 1e-4)  # the group norm divides by a head's spread
+    close(state, S64)
