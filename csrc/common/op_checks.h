@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -139,6 +140,24 @@ inline WkvDims check_wkv7(const at::Tensor& state, const at::Tensor& r, const at
   return d;
 }
 
+// A block op's state_in (the old state, read instead of state's own contents, which are then
+// only written): like state (fp32, contiguous, same shape and device), and either state itself
+// or not overlapping it.
+inline void check_state_in(const char* op, const at::Tensor& state, const at::Tensor& state_in) {
+  check_same_device(op, {{"state", &state}, {"state_in", &state_in}});
+  TORCH_CHECK(state_in.scalar_type() == at::kFloat, op, ": state_in must be float32, got ",
+              dtype_name(state_in.scalar_type()));
+  TORCH_CHECK(state_in.sizes() == state.sizes(), op, ": state_in must have state's shape ",
+              state.sizes(), ", got ", state_in.sizes());
+  TORCH_CHECK(state_in.is_contiguous(), op, ": state_in must be contiguous, got strides ",
+              state_in.strides());
+  const auto* a = static_cast<const char*>(state.data_ptr());
+  const auto* b = static_cast<const char*>(state_in.data_ptr());
+  const auto bytes = static_cast<std::ptrdiff_t>(state.numel() * sizeof(float));
+  TORCH_CHECK(a == b || b + bytes <= a || a + bytes <= b, op,
+              ": state_in must be state itself or not overlap it");
+}
+
 // A block op's parameter rows: p [rows, H*N] fp32 contiguous.
 inline void check_block_params(const char* op, const at::Tensor& p, int64_t rows, const WkvDims& d) {
   const std::string pattern = "[" + std::to_string(rows) + ", H*N]";
@@ -150,7 +169,7 @@ inline void check_block_params(const char* op, const at::Tensor& p, int64_t rows
 // float32 or bfloat16 (the result's dtype); p [4, H*N] fp32 contiguous.
 inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                                 const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
-                                const at::Tensor& p) {
+                                const at::Tensor& p, const c10::optional<at::Tensor>& state_in) {
   const char* op = "wkv6_block";
   check_same_device(op, {{"state", &state}, {"r", &r}, {"k", &k}, {"v", &v}, {"w", &w},
                          {"g", &g}, {"p", &p}});
@@ -159,6 +178,7 @@ inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, co
   check_activation_dtype(op, "g", g);
   check_rows(op, "[T, H*N]", {{"g", &g}}, d.T, d.H * d.N, g.scalar_type());
   check_block_params(op, p, 4, d);
+  if (state_in.has_value()) check_state_in(op, state, *state_in);
   return d;
 }
 
@@ -168,7 +188,8 @@ inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, co
 inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                                 const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
-                                const c10::optional<at::Tensor>& v_gate, const at::Tensor& p) {
+                                const c10::optional<at::Tensor>& v_gate, const at::Tensor& p,
+                                const c10::optional<at::Tensor>& state_in) {
   const char* op = "wkv7_block";
   check_same_device(op, {{"state", &state}, {"r", &r}, {"w", &w}, {"k", &k}, {"v", &v},
                          {"a", &a}, {"g", &g}, {"p", &p}});
@@ -185,6 +206,7 @@ inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, co
                dt, " (r's dtype)");
   }
   check_block_params(op, p, 8, d);
+  if (state_in.has_value()) check_state_in(op, state, *state_in);
   return d;
 }
 

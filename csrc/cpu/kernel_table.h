@@ -20,9 +20,10 @@ struct KernelTable {
                 const float* u, float* y);
   // wkv6_block on heads [h0, h1): wkv6 plus the time mix around it (kernels/wkv56.h); r, k, v,
   // w (the decay's low-rank term), g, y [T, H*N]; p [4, H*N] holds the decay base, u, lx_w,
-  // lx_b; scratch N floats per head of the range.
+  // lx_b; scratch N floats per head of the range. The old state is read from state_in when it
+  // is not null (state is then only written).
   void (*wkv6_block)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
-                     const float* r, const float* k, const float* v, const float* w,
+                     const float* state_in, const float* r, const float* k, const float* v, const float* w,
                      const float* g, const float* p, float eps, float* scratch, float* y);
   // wkv7_forward on heads [h0, h1): state [H, N, N] (value, key); r, w, k, v, a, b, y [T, H*N].
   void (*wkv7)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
@@ -30,9 +31,10 @@ struct KernelTable {
                const float* b, float* y);
   // wkv7_block on heads [h0, h1): wkv7 plus the time mix around it (kernels/wkv7.h); r, w, k,
   // v, a, g, y and, when v_first is not null, v_first and v_gate [T, H*N]; p [8, H*N] holds
-  // w0, a0, v0, k_k, k_a, r_k, lx_w, lx_b; scratch 6*N floats per head of the range.
+  // w0, a0, v0, k_k, k_a, r_k, lx_w, lx_b; scratch 6*N floats per head of the range. The old
+  // state is read from state_in when it is not null (state is then only written).
   void (*wkv7_block)(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
-                     const float* r, const float* w, const float* k, const float* v,
+                     const float* state_in, const float* r, const float* w, const float* k, const float* v,
                      const float* a, const float* g, const float* v_first, const float* v_gate,
                      const float* p, float eps, float* scratch, float* y);
   // ln_mix (kernels/ln_mix.h) in two steps over rows [t0, t1): the layer norm y = LN(x) of

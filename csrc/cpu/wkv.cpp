@@ -86,15 +86,16 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
 
 at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                       const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
-                      const at::Tensor& p, double eps) {
-  const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p);
+                      const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
+  const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
                    wc = w.contiguous(), gc = widened(g);
   at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
   at::Tensor scratch = at::empty({d.H, d.N}, r.options());
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
-    kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(kc), in(vc), in(wc),
+    kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
+                  state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
                   in(gc), in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
                   y.data_ptr<float>());
   });
@@ -104,8 +105,9 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
 at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
                       const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                       const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
-                      const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps) {
-  const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p);
+                      const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps,
+                      const c10::optional<at::Tensor>& state_in) {
+  const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in);
   const at::Tensor rc = widened(r), wc = widened(w), kc = widened(k), vc = widened(v),
                    ac = widened(a), gc = widened(g);
   at::Tensor vf, vg;
@@ -117,7 +119,8 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   at::Tensor scratch = at::empty({d.H, 6 * d.N}, rc.options());
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
-    kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(wc), in(kc), in(vc),
+    kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
+                  state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(wc), in(kc), in(vc),
                   in(ac), in(gc), vf.defined() ? in(vf) : nullptr,
                   vf.defined() ? in(vg) : nullptr, in(p), static_cast<float>(eps),
                   scratch.data_ptr<float>() + h0 * 6 * d.N, y.data_ptr<float>());

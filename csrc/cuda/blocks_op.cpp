@@ -1,6 +1,7 @@
 // Torch glue for ln_mix and wkv7_block on CUDA (kernels: blocks.cu). Same checks and messages as
 // the CPU ops (common/op_checks.h); CUDA also takes fp16 activations.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/copy.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -44,12 +45,15 @@ at::Tensor wkv7_block_cuda(at::Tensor& state, const at::Tensor& r, const at::Ten
                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                            const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
                            const c10::optional<at::Tensor>& v_gate, const at::Tensor& p,
-                           double eps) {
+                           double eps, const c10::optional<at::Tensor>& state_in) {
   const char* op = "wkv7_block";
-  const auto [T, H, N] = rwkv::check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p);
+  const auto [T, H, N] =
+      rwkv::check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in);
   TORCH_INTERNAL_ASSERT(state.is_cuda());
   rwkv::check_cuda_head_size(op, N, rwkv::cuda::kWkvMaxHeadSize);
   const c10::cuda::OptionalCUDAGuard guard(state.device());
+  // The recurrence kernel updates state in place: start it from state_in's values.
+  if (state_in.has_value() && !state_in->is_same(state)) state.copy_(*state_in);
   const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
                    vc = v.contiguous(), ac = a.contiguous(), gc = g.contiguous(),
                    pc = p.contiguous();

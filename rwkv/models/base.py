@@ -165,12 +165,11 @@ class Runtime:
                 x, sx = att(x, s[0], aa, bb, pp)
                 x, sf = ffn(x, s[4])
                 new_state[i * per:(i + 1) * per] = [own(sx), aa, bb, pp, own(sf)]
-            else:
-                S = s[1].clone()
+            else:  # the time mix makes the new matrix state (the caller's is never written)
                 if info.version == 7:
-                    x, sx, v_first = att(x, s[0], S, v_first)
+                    x, sx, v_first, S = att(x, s[0], s[1], v_first)
                 else:
-                    x, sx = att(x, s[0], S)
+                    x, sx, S = att(x, s[0], s[1])
                 x, sf = ffn(x, s[2])
                 new_state[i * per:(i + 1) * per] = [own(sx), S, own(sf)]
             if self.rescale > 0 and (i + 1) % self.rescale == 0:

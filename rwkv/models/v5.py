@@ -51,17 +51,20 @@ class TimeMixV5:
         r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + list(mixed[3:]))
         return xx, (r, k, v, g[0] if g else None, self.decay)
 
-    def __call__(self, x, sx, S):
-        """S is a private copy (updated in place by the kernel)."""
+    def __call__(self, x, sx, S_old):
+        """S_old: the caller's matrix state (never written). Returns (x + out, shift, new state)."""
         xx, inputs = self._inputs(x, sx)
-        return x + self.output(self._block(S, *inputs, x.dtype)), xx[-1]
+        y, S = self._block(S_old, *inputs, x.dtype)
+        return x + self.output(y), xx[-1], S
 
-    def _block(self, S, r, k, v, g, decay, dtype):
-        """The recurrence, the group norm and the gate: the input of the output projection."""
+    def _block(self, S_old, r, k, v, g, decay, dtype):
+        """The recurrence, the group norm and the gate: (the input of the output projection, the
+        new state)."""
+        S = S_old.clone()  # the recurrence updates it in place
         y = self.wkv(S, r.contiguous(), k.contiguous(), v.contiguous(), decay, self.first)
         y = group_norm(y, self.H, self.lx_w, self.lx_b, GROUP_NORM_EPS)
         y = y.to(dtype=dtype)
-        return y if g is None else y * g
+        return (y if g is None else y * g), S
 
 
 class TimeMixV6(TimeMixV5):
@@ -105,7 +108,9 @@ class TimeMixV6(TimeMixV5):
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]
 
-    def _block(self, S, r, k, v, g, w, dtype):
-        if self.block is not None:
-            return self.block(S, r, k, v, w, g, self.block_params, GROUP_NORM_EPS)
-        return wkv6_block_math(self.wkv, S, r, k, v, w, g, self.params, GROUP_NORM_EPS)
+    def _block(self, S_old, r, k, v, g, w, dtype):
+        if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
+            S = torch.empty_like(S_old)
+            return self.block(S, r, k, v, w, g, self.block_params, GROUP_NORM_EPS, S_old), S
+        S = S_old.clone()
+        return wkv6_block_math(self.wkv, S, r, k, v, w, g, self.params, GROUP_NORM_EPS), S

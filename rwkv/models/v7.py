@@ -49,8 +49,8 @@ class TimeMixV7:
         if self.block is not None:
             self.block_params = self.params.float()  # the op's p: fp32 (bf16 rows widened, exactly)
 
-    def __call__(self, x, sx, S, v_first):
-        """S is a private copy (updated in place by the kernel). Returns (x + out, shift, v_first)."""
+    def __call__(self, x, sx, S_old, v_first):
+        """S_old: the caller's state (never written). Returns (x + out, shift, v_first, new state)."""
         xa, mixed = self.ln_mix(x, sx)
         xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
         r, w1, k, v, a1, g1, *v1 = self.first_products([xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
@@ -60,8 +60,10 @@ class TimeMixV7:
         else:
             v_first = vf = moved(v_first, v.dtype, v.device)
             v_gate = v2[0]
-        if self.block is not None:
-            y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS)
+        if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
+            S = torch.empty_like(S_old)
+            y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS, S_old)
         else:
+            S = S_old.clone()
             y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
-        return x + self.output(y), xa[-1], v_first
+        return x + self.output(y), xa[-1], v_first, S

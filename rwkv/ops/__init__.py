@@ -57,18 +57,21 @@ def maa_mix(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode:
 
 
 def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,
-               eps: float, *, mode: str = "auto") -> Tensor:
-    """One RWKV-6 time mix around wkv6 (fp32; docs/kernels.md): state in place; r, k, v, w, g
-    [T, H*N]; p [4, H*N]. Returns the input of the output projection."""
-    return resolve("wkv6_block", r.device.type, mode)(state, r, k, v, w, g, p, eps)
+               eps: float, state_in: Tensor | None = None, *, mode: str = "auto") -> Tensor:
+    """One RWKV-6 time mix around wkv6 (fp32; docs/kernels.md): state in place (starting from
+    state_in's values when given); r, k, v, w, g [T, H*N]; p [4, H*N]. Returns the input of the
+    output projection."""
+    return resolve("wkv6_block", r.device.type, mode)(state, r, k, v, w, g, p, eps, state_in)
 
 
 def wkv7_block(state: Tensor, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, g: Tensor,
                v_first: Tensor | None, v_gate: Tensor | None, p: Tensor, eps: float,
-               *, mode: str = "auto") -> Tensor:
-    """One RWKV-7 time mix around wkv7 (fp32; docs/kernels.md): state in place; r, w, k, v, a, g,
-    v_first, v_gate [T, H*N]; p [8, H*N]. Returns the input of the output projection."""
-    return resolve("wkv7_block", r.device.type, mode)(state, r, w, k, v, a, g, v_first, v_gate, p, eps)
+               state_in: Tensor | None = None, *, mode: str = "auto") -> Tensor:
+    """One RWKV-7 time mix around wkv7 (fp32; docs/kernels.md): state in place (starting from
+    state_in's values when given); r, w, k, v, a, g, v_first, v_gate [T, H*N]; p [8, H*N].
+    Returns the input of the output projection."""
+    return resolve("wkv7_block", r.device.type, mode)(state, r, w, k, v, a, g, v_first, v_gate, p,
+                                                      eps, state_in)
 
 
 def mm8_one(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,

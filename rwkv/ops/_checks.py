@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -165,7 +166,7 @@ def validate_wkv7(state, r, w, k, v, a, b) -> tuple:
     return T, H, N
 
 
-def validate_wkv6_block(state, r, k, v, w, g, p) -> tuple:
+def validate_wkv6_block(state, r, k, v, w, g, p, state_in=None) -> tuple:
     """Checks wkv6_block's arguments; returns (T, H, N)."""
     op = "wkv6_block"
     names = ("state", "r", "k", "v", "w", "g", "p")
@@ -175,10 +176,26 @@ def validate_wkv6_block(state, r, k, v, w, g, p) -> tuple:
     check_activation_dtype(op, "g", g)
     _check_rows(op, ("g",), (g,), T, H * N, dtype=g.dtype)
     _check_block_params(op, p, 4, H * N)
+    if state_in is not None:
+        _check_state_in(op, state, state_in)
     return T, H, N
 
 
-def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
+def _check_state_in(op: str, state: torch.Tensor, state_in: torch.Tensor) -> None:
+    """A block op's state_in: like state (fp32, contiguous, same shape and device), and state
+    itself or not overlapping it."""
+    check_same_device(op, ("state", "state_in"), (state, state_in))
+    check_dtype(op, "state_in", state_in, torch.float32)
+    torch._check(state_in.shape == state.shape,
+                 lambda: f"{op}: state_in must have state's shape {list(state.shape)}, got {list(state_in.shape)}")
+    check_contiguous(op, "state_in", state_in)
+    if state.device.type != "meta" and not isinstance(state, FakeTensor):  # real storage only
+        a, b, n = state.data_ptr(), state_in.data_ptr(), state.numel() * 4
+        torch._check(a == b or b + n <= a or a + n <= b,
+                     lambda: f"{op}: state_in must be state itself or not overlap it")
+
+
+def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in=None) -> tuple:
     """Checks wkv7_block's arguments; returns (T, H, N)."""
     op = "wkv7_block"
     names = ("state", "r", "w", "k", "v", "a", "g", "p")
@@ -192,6 +209,8 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p) -> tuple:
         check_same_device(op, ("state", "v_first", "v_gate"), (state, v_first, v_gate))
         _check_rows(op, ("v_first", "v_gate"), (v_first, v_gate), T, H * N, dtype=r.dtype, why=" (r's dtype)")
     _check_block_params(op, p, 8, H * N)
+    if state_in is not None:
+        _check_state_in(op, state, state_in)
     return T, H, N
 
 

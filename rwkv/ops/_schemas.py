@@ -70,14 +70,15 @@ def _wkv7_fake(state, r, w, k, v, a, b):
 # place; r, k, v and w (the decay's low-rank term): [T, H*N] fp32; g (the gate after silu):
 # [T, H*N] fp32 or bf16 (the activation dtype); p: [4, H*N] fp32, the rows time_decay,
 # time_first, ln_x weight, ln_x bias. Computes in fp32. Returns the time mix's output before the
-# output projection, y: [T, H*N] in g's dtype.
+# output projection, y: [T, H*N] in g's dtype. state_in (optional): as wkv7_block's.
 _define("wkv6_block",
-        "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor g, Tensor p, float eps) -> Tensor")
+        "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor g, Tensor p, float eps, "
+        "Tensor? state_in=None) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::wkv6_block")
-def _wkv6_block_fake(state, r, k, v, w, g, p, eps):
-    T, H, N = _checks.validate_wkv6_block(state, r, k, v, w, g, p)
+def _wkv6_block_fake(state, r, k, v, w, g, p, eps, state_in=None):
+    T, H, N = _checks.validate_wkv6_block(state, r, k, v, w, g, p, state_in)
     return g.new_empty((T, H * N))
 
 
@@ -86,15 +87,17 @@ def _wkv6_block_fake(state, r, k, v, w, g, p, eps):
 # fp32 or all bf16 (the activation dtype); v_first and v_gate both given (layers after the
 # first) or both None; p: [8, H*N] fp32, the rows w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x
 # bias. Computes in fp32. Returns the time mix's output before the output projection, y:
-# [T, H*N] in r's dtype.
+# [T, H*N] in r's dtype. state_in (optional): the old state, read instead of state's contents
+# (state is then only written: the model passes a fresh tensor and the caller's state, sparing a
+# copy); like state, and state itself or not overlapping it.
 _define("wkv7_block",
         "(Tensor(a!) state, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor g, "
-        "Tensor? v_first, Tensor? v_gate, Tensor p, float eps) -> Tensor")
+        "Tensor? v_first, Tensor? v_gate, Tensor p, float eps, Tensor? state_in=None) -> Tensor")
 
 
 @torch.library.register_fake(f"{_LIB}::wkv7_block")
-def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
-    T, H, N = _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
+def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in=None):
+    T, H, N = _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in)
     return r.new_empty((T, H * N))
 
 

@@ -242,21 +242,30 @@ def wkv7_forward(state, r, w, k, v, a, b):
     return y
 
 
-def wkv6_block(state, r, k, v, w, g, p, eps):
+def _start_from(state, state_in):
+    """A block op's state_in: the old state is copied into state (nothing to do when absent or
+    state itself)."""
+    if state_in is not None and state_in.data_ptr() != state.data_ptr():
+        state.copy_(state_in)
+
+
+def wkv6_block(state, r, k, v, w, g, p, eps, state_in=None):
     """RWKV-6 time mix around the recurrence (wkv6_block_math with wkv6_forward). state [H, N, N]
-    fp32 in place; r, k, v, w [T, H*N] fp32; g [T, H*N] fp32 or bf16; p [4, H*N] fp32
-    (time_decay, time_first, ln_x weight, ln_x bias). Computes in fp32; returns y [T, H*N] in
-    g's dtype."""
-    _checks.validate_wkv6_block(state, r, k, v, w, g, p)
+    fp32 in place, starting from state_in's values when given; r, k, v, w [T, H*N] fp32; g
+    [T, H*N] fp32 or bf16; p [4, H*N] fp32 (time_decay, time_first, ln_x weight, ln_x bias).
+    Computes in fp32; returns y [T, H*N] in g's dtype."""
+    _checks.validate_wkv6_block(state, r, k, v, w, g, p, state_in)
+    _start_from(state, state_in)
     return wkv6_block_math(wkv6_forward, state, r, k, v, w, g.float(), p.unbind(0), eps).to(g.dtype)
 
 
-def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps):
+def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in=None):
     """RWKV-7 time mix around the recurrence (wkv7_block_math with wkv7_forward). state [H, N, N]
-    fp32 in place; r, w, k, v, a, g and v_first, v_gate (both or neither) [T, H*N], fp32 or all
-    bf16; p [8, H*N] fp32 (w0, a0, v0, k_k, k_a, r_k, ln_x weight, ln_x bias). Computes in fp32;
-    returns y [T, H*N] in r's dtype."""
-    _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p)
+    fp32 in place, starting from state_in's values when given; r, w, k, v, a, g and v_first,
+    v_gate (both or neither) [T, H*N], the activation dtype; p [8, H*N] fp32 (w0, a0, v0, k_k,
+    k_a, r_k, ln_x weight, ln_x bias). Computes in fp32; returns y [T, H*N] in r's dtype."""
+    _checks.validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in)
+    _start_from(state, state_in)
     acts = [None if t is None else t.float() for t in (r, w, k, v, a, g, v_first, v_gate)]
     return wkv7_block_math(wkv7_forward, state, *acts, p.unbind(0), eps).to(r.dtype)
 

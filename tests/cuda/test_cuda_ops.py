@@ -380,6 +380,16 @@ def test_wkv7_block_matches_spec(T, H, N, first_layer, dtype, gen):
     close(state_obj, s64)
 
 
+def test_wkv7_block_state_in_equals_in_place(gen):
+    state, *rest = block_inputs(2, 4, 64, torch.float16, gen)
+    before = state.clone()
+    in_place = state.clone()
+    y0 = op("wkv7_block")(in_place, *rest, GN_EPS)
+    fresh = torch.full_like(state, float("nan"))
+    y1 = op("wkv7_block")(fresh, *rest, GN_EPS, state)
+    assert torch.equal(y0, y1) and torch.equal(fresh, in_place) and torch.equal(state, before)
+
+
 def test_wkv7_block_sequence_equals_token_by_token(gen):
     state, *rows, p = block_inputs(6, 3, 64, torch.float16, gen)
     s_seq, s_one = state.clone(), state.clone()

@@ -79,3 +79,40 @@ def assert_block_sequence_equals_steps(fn, state, rows, p, eps):
     y_one = torch.cat([fn(s_one, *(t[i:i + 1] for t in rows), p, eps) for i in range(T)])
     torch.testing.assert_close(y_seq, y_one, rtol=0, atol=0)
     torch.testing.assert_close(s_seq, s_one, rtol=0, atol=0)
+
+
+# The block ops' optional state_in (wkv6_block, wkv7_block): the old state, read instead of
+# state's own contents. Rejections for a [2, 8, 8] state: match patterns with {op} for the op name.
+STATE_IN_REJECT_CASES = {
+    "state_in_dtype": "{op}: state_in must be float32, got float64",
+    "state_in_shape": r"{op}: state_in must have state's shape \[2, 8, 8\], got \[2, 8, 4\]",
+    "state_in_strided": r"{op}: state_in must be contiguous, got strides \[64, 1, 8\]",
+    "state_in_overlap": "{op}: state_in must be state itself or not overlap it",
+}
+
+
+def bad_state_in(case: str, state: torch.Tensor) -> tuple:
+    """(state, state_in) for a STATE_IN_REJECT_CASES case, from a valid [2, 8, 8] state."""
+    if case == "state_in_dtype":
+        return state, state.double()
+    if case == "state_in_shape":
+        return state, state[:, :, :4].contiguous()
+    if case == "state_in_strided":
+        return state, state.transpose(1, 2)
+    buf = torch.cat([state, state[:1]])  # [3, 8, 8]: two states sharing one head
+    return buf[:2], buf[1:]
+
+
+def assert_state_in_equals_in_place(fn, state, args, eps):
+    """fn(fresh, *args, eps, state) equals the in-place fn(copy of state, *args, eps) bit for bit,
+    never reads fresh's old contents (NaN), leaves state (state_in) unchanged; and state_in may
+    be state itself."""
+    before = state.clone()
+    in_place = state.clone()
+    y_in_place = fn(in_place, *args, eps)
+    fresh = torch.full_like(state, float("nan"))
+    y = fn(fresh, *args, eps, state)
+    assert torch.equal(y, y_in_place) and torch.equal(fresh, in_place)
+    assert torch.equal(state, before)
+    same = before.clone()
+    assert torch.equal(fn(same, *args, eps, same), y_in_place) and torch.equal(same, in_place)

@@ -3,7 +3,8 @@ dtype), every CPU ISA, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, assert_block_sequence_equals_steps, assert_close_act,
+from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, STATE_IN_REJECT_CASES, assert_block_sequence_equals_steps,
+                         assert_close_act, assert_state_in_equals_in_place, bad_state_in,
                          assert_close_f32, compiled_or_skip, f64, implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
@@ -58,6 +59,14 @@ def test_wkv6_block_isa(cpu_isa, dtype, T, H, N, rng):
         check(fn, T, H, N, rng, dtype)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+@pytest.mark.parametrize("T", [1, 4])
+def test_wkv6_block_state_in_equals_in_place(impl, dtype, T, rng):
+    state, *args = make_inputs(T, 3, 16, rng, dtype=dtype)
+    assert_state_in_equals_in_place(implementation(OP, impl, "cpu"), state, args, GROUP_NORM_EPS)
+
+
 def test_wkv6_block_sequence_equals_token_by_token(rng):
     state, *rows, p = make_inputs(5, 2, 16, rng)
     assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
@@ -69,12 +78,19 @@ def test_wkv6_block_opcheck(dtype, rng):
     torch.library.opcheck(torch.ops.rwkv.wkv6_block.default, (*make_inputs(3, 2, 8, rng, dtype), GROUP_NORM_EPS))
 
 
+
+def test_wkv6_block_opcheck_state_in(rng):
+    compiled_or_skip(OP)
+    state, *args = make_inputs(3, 2, 8, rng)
+    torch.library.opcheck(torch.ops.rwkv.wkv6_block.default, (torch.empty_like(state), *args, GROUP_NORM_EPS, state))
+
 REJECT_CASES = {
     "state_strided": r"wkv6_block: state must be contiguous, got strides \[64, 1, 8\]",
     "w_shape": r"wkv6_block: w must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
     "g_dtype": "wkv6_block: g must be float32 or bfloat16, got float16",
     "k_dtype": "wkv6_block: k must be float32, got bfloat16",
     "p_shape": r"wkv6_block: p must have shape \[4, H\*N\] = \[4, 16\], got \[8, 16\]",
+    **{k: m.format(op="wkv6_block") for k, m in STATE_IN_REJECT_CASES.items()},
     "device": r"wkv6_block: v must be on the same device as state \(cpu\), got meta",
 }
 
@@ -85,7 +101,11 @@ def test_wkv6_block_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     state, r, k, v, w, g, p = make_inputs(3, 2, 8, rng)
     original, before = state, state.clone()
-    if case == "state_strided":
+    state_in = None
+    if case.startswith("state_in"):
+        state, state_in = bad_state_in(case, state)
+        original, before = state_in, state_in.clone()  # the old state must stay as it was
+    elif case == "state_strided":
         state = state.transpose(1, 2)
     elif case == "w_shape":
         w = w[:2]
@@ -98,5 +118,5 @@ def test_wkv6_block_rejects(impl, case, rng):
     elif case == "device":
         v = v.to("meta")
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
-        fn(state, r, k, v, w, g, p, GROUP_NORM_EPS)
+        fn(state, r, k, v, w, g, p, GROUP_NORM_EPS, state_in)
     assert torch.equal(original, before)  # rejected before anything is written

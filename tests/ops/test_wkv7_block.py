@@ -3,7 +3,8 @@ CPU ISA, opcheck, errors."""
 
 import pytest
 import torch
-from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, assert_block_sequence_equals_steps, assert_close_act,
+from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, STATE_IN_REJECT_CASES, assert_block_sequence_equals_steps,
+                         assert_close_act, assert_state_in_equals_in_place, bad_state_in,
                          assert_close_f32, compiled_or_skip, f64, implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
@@ -61,6 +62,14 @@ def test_wkv7_block_isa(cpu_isa, dtype, first_layer, T, H, N, rng):
         check(fn, T, H, N, rng, first_layer, dtype)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+@pytest.mark.parametrize("T", [1, 4])
+def test_wkv7_block_state_in_equals_in_place(impl, dtype, T, rng):
+    state, *args = make_inputs(T, 3, 16, rng, dtype=dtype)
+    assert_state_in_equals_in_place(implementation(OP, impl, "cpu"), state, args, GROUP_NORM_EPS)
+
+
 def test_wkv7_block_sequence_equals_token_by_token(rng):
     state, *rows, p = make_inputs(5, 2, 16, rng)
     assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
@@ -72,6 +81,12 @@ def test_wkv7_block_opcheck(dtype, rng):
     torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (*make_inputs(3, 2, 8, rng, dtype=dtype), GROUP_NORM_EPS))
 
 
+
+def test_wkv7_block_opcheck_state_in(rng):
+    compiled_or_skip(OP)
+    state, *args = make_inputs(3, 2, 8, rng)
+    torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (torch.empty_like(state), *args, GROUP_NORM_EPS, state))
+
 REJECT_CASES = {
     "state_dtype": "wkv7_block: state must be float32, got float16",
     "g_shape": r"wkv7_block: g must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
@@ -81,6 +96,7 @@ REJECT_CASES = {
     "w_dtype": r"wkv7_block: w must be bfloat16 \(r's dtype\), got float32",
     "p_shape": r"wkv7_block: p must have shape \[8, H\*N\] = \[8, 16\], got \[7, 16\]",
     "p_strided": r"wkv7_block: p must be contiguous, got strides \[1, 8\]",
+    **{k: m.format(op="wkv7_block") for k, m in STATE_IN_REJECT_CASES.items()},
     "device": r"wkv7_block: k must be on the same device as state \(cpu\), got meta",
 }
 
@@ -91,7 +107,11 @@ def test_wkv7_block_rejects(impl, case, rng):
     fn = implementation(OP, impl, "cpu")
     state, r, w, k, v, a, g, v_first, v_gate, p = make_inputs(3, 2, 8, rng)
     original, before = state, state.clone()
-    if case == "state_dtype":
+    state_in = None
+    if case.startswith("state_in"):
+        state, state_in = bad_state_in(case, state)
+        original, before = state_in, state_in.clone()  # the old state must stay as it was
+    elif case == "state_dtype":
         state = state.half()
     elif case == "g_shape":
         g = g[:2]
@@ -110,5 +130,5 @@ def test_wkv7_block_rejects(impl, case, rng):
     elif case == "device":
         k = k.to("meta")
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
-        fn(state, r, w, k, v, a, g, v_first, v_gate, p, GROUP_NORM_EPS)
+        fn(state, r, w, k, v, a, g, v_first, v_gate, p, GROUP_NORM_EPS, state_in)
     assert torch.equal(original, before)  # rejected before anything is written

@@ -14,10 +14,11 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// Value columns [j, j + B*V::width) of one head and token.
+// Value columns [j, j + B*V::width) of one head and token: reads the state from src, writes the
+// updated state to S (the same pointer: in place).
 template <class V, int B>
-inline void wkv56_columns(int64_t N, int64_t j, float* S, const float* r, const float* k,
-                          const float* v, const float* w, float ruk, float* y) {
+inline void wkv56_columns(int64_t N, int64_t j, const float* src, float* S, const float* r,
+                          const float* k, const float* v, const float* w, float ruk, float* y) {
   using R = typename V::reg;
   constexpr int W = V::width;
   R acc[B], vj[B];
@@ -27,9 +28,10 @@ inline void wkv56_columns(int64_t N, int64_t j, float* S, const float* r, const 
   }
   for (int64_t i = 0; i < N; ++i) {
     const R ri = V::set1(r[i]), wi = V::set1(w[i]), ki = V::set1(k[i]);
+    const float* from = src + i * N + j;
     float* row = S + i * N + j;
     for (int b = 0; b < B; ++b) {
-      const R s = V::load(row + b * W);
+      const R s = V::load(from + b * W);
       acc[b] = V::fma(ri, s, acc[b]);
       V::store(row + b * W, V::fma(wi, s, V::mul(ki, vj[b])));
     }
@@ -38,17 +40,18 @@ inline void wkv56_columns(int64_t N, int64_t j, float* S, const float* r, const 
   for (int b = 0; b < B; ++b) V::store(y + j + b * W, V::fma(c, vj[b], acc[b]));
 }
 
-// One head and token: y [N] from S [N, N] (updated), with decay wt and bonus u of the head.
+// One head and token: y [N] from the state src [N, N], written updated to S (may be src), with
+// decay wt and bonus u of the head.
 template <class V>
-inline void wkv56_token(int64_t N, float* S, const float* r, const float* k, const float* v,
-                        const float* wt, const float* uh, float* y) {
+inline void wkv56_token(int64_t N, const float* src, float* S, const float* r, const float* k,
+                        const float* v, const float* wt, const float* uh, float* y) {
   constexpr int W = V::width;
   float ruk = 0.0f;
   for (int64_t i = 0; i < N; ++i) ruk += r[i] * uh[i] * k[i];
   int64_t j = 0;
-  for (; j + 4 * W <= N; j += 4 * W) wkv56_columns<V, 4>(N, j, S, r, k, v, wt, ruk, y);
-  for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, S, r, k, v, wt, ruk, y);
-  for (; j < N; ++j) wkv56_columns<typename V::Tail, 1>(N, j, S, r, k, v, wt, ruk, y);
+  for (; j + 4 * W <= N; j += 4 * W) wkv56_columns<V, 4>(N, j, src, S, r, k, v, wt, ruk, y);
+  for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, src, S, r, k, v, wt, ruk, y);
+  for (; j < N; ++j) wkv56_columns<typename V::Tail, 1>(N, j, src, S, r, k, v, wt, ruk, y);
 }
 
 template <class V>
@@ -59,8 +62,8 @@ void wkv56(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state
   for (int64_t h = h0; h < h1; ++h) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t o = t * HN + h * N;
-      wkv56_token<V>(N, state + h * N * N, r + o, k + o, v + o, w + t * w_step + h * N, u + h * N,
-                     y + o);
+      float* S = state + h * N * N;
+      wkv56_token<V>(N, S, S, r + o, k + o, v + o, w + t * w_step + h * N, u + h * N, y + o);
     }
   }
 }
@@ -68,11 +71,13 @@ void wkv56(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state
 // wkv6_block (one RWKV-6 layer's time mix between its projections and the output projection,
 // per head and token; all fp32 [T, H*N] rows, p [4, H*N] = decay base, u, lx_w, lx_b):
 //   decay = exp(-exp(base + w)), recurrence as wkv6, y = group_norm_head(y; lx_w, lx_b, eps) * g
-// scratch holds N floats for each head in [h0, h1).
+// scratch holds N floats for each head in [h0, h1). The first step reads the old state from
+// state_in when it is not null (state is then only written).
 template <class V>
 void wkv6_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
-                const float* r, const float* k, const float* v, const float* w, const float* g,
-                const float* p, float eps, float* scratch, float* y) {
+                const float* state_in, const float* r, const float* k, const float* v,
+                const float* w, const float* g, const float* p, float eps, float* scratch,
+                float* y) {
   using R = typename V::reg;
   using S = typename V::Tail;
   constexpr int W = V::width;
@@ -89,7 +94,9 @@ void wkv6_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
         V::store(dec + j, V::exp(V::sub(V::zero(), z)));
       }
       for (; j < N; ++j) dec[j] = S::exp(-S::exp(base[c + j] + w[o + j]));
-      wkv56_token<V>(N, state + h * N * N, r + o, k + o, v + o, dec, u + c, y + o);
+      float* S = state + h * N * N;
+      const float* src = t == 0 && state_in != nullptr ? state_in + h * N * N : S;
+      wkv56_token<V>(N, src, S, r + o, k + o, v + o, dec, u + c, y + o);
       group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o);
     }
   }

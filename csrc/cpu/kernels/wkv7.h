@@ -33,10 +33,11 @@ inline float wkv7_dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// Updates one state row in place and returns its dot product with r.
+// Writes the updated state row `src` to `row` (the same pointer: in place) and returns its dot
+// product with r.
 template <class V>
-inline float wkv7_row(int64_t n, float* row, const float* w, const float* b, const float* k,
-                      const float* r, float sa, float vi) {
+inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, const float* b,
+                      const float* k, const float* r, float sa, float vi) {
   using R = typename V::reg;
   constexpr int W = V::width;
   const R sav = V::set1(sa), viv = V::set1(vi);
@@ -44,13 +45,13 @@ inline float wkv7_row(int64_t n, float* row, const float* w, const float* b, con
   int64_t j = 0;
   for (; j + W <= n; j += W) {
     const R add = V::fma(sav, V::load(b + j), V::mul(viv, V::load(k + j)));
-    const R s = V::fma(V::load(row + j), V::load(w + j), add);
+    const R s = V::fma(V::load(src + j), V::load(w + j), add);
     V::store(row + j, s);
     acc = V::fma(s, V::load(r + j), acc);
   }
   float y = V::reduce_add(acc);
   for (; j < n; ++j) {
-    const float s = row[j] * w[j] + (sa * b[j] + vi * k[j]);
+    const float s = src[j] * w[j] + (sa * b[j] + vi * k[j]);
     row[j] = s;
     y += s * r[j];
   }
@@ -69,7 +70,7 @@ void wkv7(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
       for (int64_t i = 0; i < N; ++i) {
         float* row = S + i * N;
         const float sa = wkv7_dot<V>(a + o, row, N);
-        y[o + i] = wkv7_row<V>(N, row, w + o, b + o, k + o, r + o, sa, v[o + i]);
+        y[o + i] = wkv7_row<V>(N, row, row, w + o, b + o, k + o, r + o, sa, v[o + i]);
       }
     }
   }
@@ -105,14 +106,17 @@ inline void wkv7_sigmoid_sum(int64_t n, const float* x0, const float* x, float s
 
 template <class V>
 void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
-                const float* r, const float* w, const float* k, const float* v, const float* a,
-                const float* g, const float* v_first, const float* v_gate, const float* p,
-                float eps, float* scratch, float* y) {
+                const float* state_in, const float* r, const float* w, const float* k,
+                const float* v, const float* a, const float* g, const float* v_first,
+                const float* v_gate, const float* p, float eps, float* scratch, float* y) {
   const int64_t HN = H * N;
   const float *w0 = p, *a0 = p + HN, *v0 = p + 2 * HN, *k_k = p + 3 * HN, *k_a = p + 4 * HN,
               *r_k = p + 5 * HN, *lx_w = p + 6 * HN, *lx_b = p + 7 * HN;
   for (int64_t h = h0; h < h1; ++h) {
     float* S = state + h * N * N;
+    // The first step reads the old state from state_in when given (then state's old contents
+    // are never read), later steps the state they wrote.
+    const float* S0 = (state_in != nullptr ? state_in : state) + h * N * N;
     float* dec = scratch + (h - h0) * 6 * N;
     float *as = dec + N, *k2 = dec + 2 * N, *v2 = dec + 3 * N, *nk = dec + 4 * N, *b = dec + 5 * N;
     const int64_t c = h * N;
@@ -137,10 +141,11 @@ void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
         nk[j] = -nk[j];
         bonus += r[o + j] * k2[j] * r_k[c + j];
       }
+      const float* from = t == 0 ? S0 : S;
       for (int64_t i = 0; i < N; ++i) {
-        float* row = S + i * N;
-        const float sa = wkv7_dot<V>(nk, row, N);
-        y[o + i] = wkv7_row<V>(N, row, dec, b, k2, r + o, sa, v2[i]);
+        const float* src = from + i * N;
+        const float sa = wkv7_dot<V>(nk, src, N);
+        y[o + i] = wkv7_row<V>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i]);
       }
       group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o, bonus, v2);
     }
