@@ -14,7 +14,8 @@
 # dry run on a CPU machine) the build, tests and benchmark are skipped with the reason, and the
 # summary is still written. RWKV_GPU_BENCH_SIZES (e.g. "7b,0.4b") picks the benchmark's sizes, in
 # that order; RWKV_GPU_TEST_JOBS the pytest-xdist workers (8); RWKV_GPU_BENCH_RESERVE_S the seconds
-# of the budget kept back from the benchmark (90). See docs/cuda.md.
+# of the budget kept back from the benchmark (90); RWKV_GPU_PROFILE_SIZE (e.g. 0.4b) adds a
+# benchmarks/profile_gpu.py run at the end, into bench.log. See docs/cuda.md.
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -152,6 +153,12 @@ if ((GPU)); then
   run_step "bench_gpu.py" 400 bench.log "$PY" benchmarks/bench_gpu.py "${UPARGS[@]}" \
     --json "$OUT/bench.jsonl" --markdown "$OUT/bench.md" --budget-s "$BENCH_BUDGET" \
     ${RWKV_GPU_BENCH_SIZES:+--sizes "$RWKV_GPU_BENCH_SIZES"}
+  # Optional: where a decode token's time goes (kernels and host time per token), appended to
+  # bench.log, with what is left of the budget.
+  if [[ -n ${RWKV_GPU_PROFILE_SIZE:-} ]]; then
+    run_step "profile_gpu.py --size $RWKV_GPU_PROFILE_SIZE" 150 bench.log "$PY" \
+      benchmarks/profile_gpu.py --size "$RWKV_GPU_PROFILE_SIZE" "${UPARGS[@]}"
+  fi
 else
   for s in build "pytest tests/cuda + op cuda variants" "pytest model-level cuda tests" bench_gpu.py; do
     skip_step "$s" "no GPU: $WHY"
