@@ -77,9 +77,10 @@ class LnMix:
     (RWKV-4/5) or the delta form (RWKV-6/7). ``__call__(x, sx)`` returns (xx [T, C], whose last row
     is the new shift state, and mixed [n, T, C]).
 
-    On CPU with fp32 or bf16 activations this is the compiled ``ln_mix`` op: one call instead of
-    5-6 small torch ops, which cost 10-30 us each while decoding (streaming the weights evicts
-    torch's code and data from the caches). Otherwise the same math as torch ops (ln_mix_math)."""
+    On CPU with fp32 or bf16 activations, and on CUDA also with fp16 ones, this is the compiled
+    ``ln_mix`` op: one call instead of 5-6 small torch ops, which cost 10-30 us each while decoding
+    (on CPU, streaming the weights evicts torch's code and data from the caches; on CUDA each is a
+    kernel launch). Otherwise the same math as torch ops (ln_mix_math)."""
 
     def __init__(self, w: dict, prefix: str, mixes: list, lerp: bool, dd: LayerPlacement, mode: str):
         self.ln_w, self.ln_b = w[prefix + ".weight"], w[prefix + ".bias"]

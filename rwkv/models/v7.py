@@ -15,9 +15,9 @@ BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias
 class TimeMixV7:
     """The projections and low-rank products run here; what lies between them and the output
     projection (the recurrence and its elementwise surroundings) is ``wkv7_block``: the compiled
-    CPU op when the activations are fp32 or bf16 (one call instead of ~35 small torch ops per layer, the
-    main per-token overhead of decoding), otherwise the same math as torch ops (wkv7_block_math,
-    upstream's order of operations, with this layer's wkv7 op)."""
+    op on CPU (fp32 or bf16 activations) and on CUDA (also fp16): one call instead of ~35 small
+    torch ops per layer, the main per-token overhead of decoding; otherwise the same math as torch
+    ops (wkv7_block_math, upstream's order of operations, with this layer's wkv7 op)."""
 
     def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
         p = f"blocks.{i}."
