@@ -35,10 +35,12 @@ WANT = "wkv7_forward: state must be contiguous, got strides [64, 1, 8]"
 
 
 def _objects() -> list:
+    """The CPU build's objects (module.o and csrc/cpu/**), newest build folder."""
     temps = sorted((ROOT / "build").glob("temp.*"))
-    objs = sorted(str(p) for p in temps[-1].rglob("csrc/*.o")) if temps else []
-    objs += sorted(str(p) for p in temps[-1].rglob("csrc/cpu/**/*.o")) if temps else []
-    return objs
+    if not temps:
+        return []
+    csrc = temps[-1] / "csrc"
+    return sorted(str(p) for p in [*csrc.glob("*.o"), *csrc.glob("cpu/**/*.o")])
 
 
 def _message(tmp_path: Path, extra: list) -> str:

@@ -11,16 +11,10 @@
 #include <tuple>
 
 #include "common/op_checks.h"
+#include "cuda/glue.h"
 #include "cuda/kernels.h"
 
 namespace {
-
-rwkv::cuda::Act act_of(const at::Tensor& x) {
-  const auto dt = x.scalar_type();
-  return dt == at::kFloat ? rwkv::cuda::Act::f32
-         : dt == at::kHalf ? rwkv::cuda::Act::f16
-                           : rwkv::cuda::Act::bf16;
-}
 
 std::tuple<at::Tensor, at::Tensor> ln_mix_cuda(const at::Tensor& x, const at::Tensor& sx,
                                                const at::Tensor& w, const at::Tensor& b,
@@ -33,7 +27,7 @@ std::tuple<at::Tensor, at::Tensor> ln_mix_cuda(const at::Tensor& x, const at::Te
   at::Tensor xx = at::empty({d.T, d.C}, x.options());
   at::Tensor out = at::empty({d.n, d.T, d.C}, x.options());
   if (d.T == 0 || d.C == 0) return {xx, out};
-  rwkv::cuda::ln_mix_forward(act_of(x), d.T, d.C, d.n, xc.data_ptr(), sxc.data_ptr(),
+  rwkv::cuda::ln_mix_forward(rwkv::cuda::act_of(x), d.T, d.C, d.n, xc.data_ptr(), sxc.data_ptr(),
                              wc.data_ptr<float>(), bc.data_ptr<float>(), mc.data_ptr<float>(),
                              lerp, static_cast<float>(eps), xx.data_ptr(), out.data_ptr(),
                              c10::cuda::getCurrentCUDAStream());
@@ -67,7 +61,7 @@ at::Tensor wkv7_block_cuda(at::Tensor& state, const at::Tensor& r, const at::Ten
   at::Tensor tmp = at::empty({rwkv::cuda::wkv7_block_tmp_floats(T, H, N)},
                              r.options().dtype(at::kFloat));
   rwkv::cuda::wkv7_block_forward(
-      act_of(r), T, H, N, state.data_ptr<float>(), rc.data_ptr(), wc.data_ptr(), kc.data_ptr(),
+      rwkv::cuda::act_of(r), T, H, N, state.data_ptr<float>(), rc.data_ptr(), wc.data_ptr(), kc.data_ptr(),
       vc.data_ptr(), ac.data_ptr(), gc.data_ptr(), vfc.defined() ? vfc.data_ptr() : nullptr,
       vgc.defined() ? vgc.data_ptr() : nullptr, pc.data_ptr<float>(), static_cast<float>(eps),
       tmp.data_ptr<float>(), y.data_ptr(), c10::cuda::getCurrentCUDAStream());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/op_checks.h"
+#include "cuda/glue.h"
 #include "cuda/kernels.h"
 
 namespace {
@@ -24,7 +25,6 @@ at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Ten
                     const at::Tensor& ry) {
   const auto [T, N, M] = rwkv::check_mm8(op, seq, x, w, mx, rx, my, ry);
   TORCH_INTERNAL_ASSERT(x.is_cuda());
-  const auto dt = x.scalar_type();
 
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   // wt: [M, N] contiguous, i.e. w column-major. A no-op view for the model's storage layout.
@@ -36,10 +36,7 @@ at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Ten
   if (T == 0 || M == 0) return y;
   const bool vec = N % 16 == 0 && aligned16(xc.data_ptr()) && aligned16(wt.data_ptr()) &&
                    aligned16(myc.data_ptr()) && aligned16(ryc.data_ptr());
-  const auto act = dt == at::kFloat  ? rwkv::cuda::Act::f32
-                   : dt == at::kHalf ? rwkv::cuda::Act::f16
-                                     : rwkv::cuda::Act::bf16;
-  rwkv::cuda::mm8_forward(act, T, N, M, xc.data_ptr(), N, wt.data_ptr<uint8_t>(), mxc.data_ptr(),
+  rwkv::cuda::mm8_forward(rwkv::cuda::act_of(x), T, N, M, xc.data_ptr(), N, wt.data_ptr<uint8_t>(), mxc.data_ptr(),
                           rxc.data_ptr(), myc.data_ptr(), ryc.data_ptr(), y.data_ptr(), M, vec,
                           c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

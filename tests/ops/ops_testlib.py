@@ -116,3 +116,8 @@ def assert_state_in_equals_in_place(fn, state, args, eps):
     assert torch.equal(state, before)
     same = before.clone()
     assert torch.equal(fn(same, *args, eps, same), y_in_place) and torch.equal(same, in_place)
+
+
+def opcheck_state_in(op: str, state, args, eps):
+    """torch.library.opcheck of block op ``op`` given a fresh state and state_in = state."""
+    torch.library.opcheck(getattr(torch.ops.rwkv, op).default, (torch.empty_like(state), *args, eps, state))

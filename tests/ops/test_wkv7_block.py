@@ -4,7 +4,7 @@ CPU ISA, opcheck, errors."""
 import pytest
 import torch
 from ops_testlib import (ACT_DTYPES, ACT_IDS, IMPLS, STATE_IN_REJECT_CASES, assert_block_sequence_equals_steps,
-                         assert_close_act, assert_state_in_equals_in_place, bad_state_in,
+                         assert_close_act, assert_state_in_equals_in_place, bad_state_in, opcheck_state_in,
                          assert_close_f32, compiled_or_skip, f64, implementation, uniform)
 
 from rwkv.models.common import GROUP_NORM_EPS
@@ -85,7 +85,7 @@ def test_wkv7_block_opcheck(dtype, rng):
 def test_wkv7_block_opcheck_state_in(rng):
     compiled_or_skip(OP)
     state, *args = make_inputs(3, 2, 8, rng)
-    torch.library.opcheck(torch.ops.rwkv.wkv7_block.default, (torch.empty_like(state), *args, GROUP_NORM_EPS, state))
+    opcheck_state_in(OP, state, args, GROUP_NORM_EPS)
 
 REJECT_CASES = {
     "state_dtype": "wkv7_block: state must be float32, got float16",
