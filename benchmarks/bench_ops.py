@@ -1,7 +1,7 @@
 """Per-op benchmark: compiled kernel vs pure-torch reference (and torch baselines for mm8).
 
     python benchmarks/bench_ops.py [--ops wkv7_forward mm8_one ...] [--isa avx2] [--threads 2]
-                                   [--device cpu] [--quick]
+                                   [--device cpu] [--quick] [--shapes 4096x4096 4096x14336 ...]
 
 Prints a header, then one JSON line per (op, case, impl): median ms, GB/s where meaningful (mm8:
 bytes of the int8 weight + activations), and the speed-up of the compiled kernel over the
@@ -52,8 +52,10 @@ def wkv_cases(op, quick):
             yield f"T={T} H={H} N={N}", make, None, None
 
 
-def mm8_cases(op, quick, dtype):
-    shapes = [(2048, 2048)] if quick else [(2048, 2048), (2048, 8192), (8192, 2048)]
+DEFAULT_SHAPES = [(2048, 2048), (2048, 8192), (8192, 2048)]  # (N, M) of the matrix products
+
+
+def mm8_cases(op, quick, dtype, shapes):
     Ts = [0] if op in ("mm8_one", "mm8_one_i16") else ([16] if quick else [4, 16, 128])
     # mm8_one_i16 is the fast form of mm8_one: compare the two kernels.
     baseline = _mm8_one_compiled if op == "mm8_one_i16" else _mm8_torch
@@ -75,13 +77,13 @@ def _mm8_one_compiled(*args):
 
 def _mm8_torch(x, w, mx, rx, my, ry):
     # What the model would do without the kernel: torch's matmul on a dequantized matrix
-    # (built once here, outside the timing, so this flatters torch).
-    deq = ((w.to(x.dtype) + 0.5) * ry * rx + my + mx).contiguous()
+    # (built once here, outside the timing, so this flatters torch), in w's column-major layout,
+    # as the model keeps its dense weights.
+    deq = torch.empty_like(w, dtype=x.dtype).copy_((w.to(x.dtype) + 0.5) * ry * rx + my + mx)
     return "torch x@dequantized", lambda: x @ deq
 
 
-def linear_cases(quick):
-    shapes = [(2048, 2048)] if quick else [(2048, 2048), (2048, 8192), (8192, 2048)]
+def linear_cases(quick, shapes):
     for N, M in shapes:
         def make(N=N, M=M):
             return [_rand(N, dtype=torch.bfloat16), _rand(M, N, dtype=torch.bfloat16).t()]
@@ -90,7 +92,7 @@ def linear_cases(quick):
 
 
 def bench_case(op, case, make, nbytes, baseline, device, args):
-    inputs = make()
+    inputs = [t.to(device) for t in make()]  # .to keeps the column-major weights' strides
     fns = {"compiled": ops.resolve(op, device, "compiled"),
            "reference": ops.resolve(op, device, "reference")}
     # Mutated state: each call gets the same state values back (copy outside the timed region
@@ -127,18 +129,22 @@ def main(argv=None):
                    help="x dtypes for mm8 (float32, bfloat16, float16)")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    p.add_argument("--shapes", nargs="*", help="(N, M) of the mm8 and linear_one matrices, as NxM "
+                   "(default: 2048x2048 2048x8192 8192x2048; --quick: the first)")
     p.add_argument("--skip-reference", action="store_true")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes \
+        else DEFAULT_SHAPES[:1] if args.quick else DEFAULT_SHAPES
     isa_ctx = _testing.force_cpu_isa(args.isa) if args.isa else contextlib.nullcontext()
     with isa_ctx, torch.inference_mode():
         header("bench_ops.py", device=args.device, quick=args.quick)
         for op in args.ops:
             if op.startswith("mm8"):
-                cases = [c for d in args.dtypes for c in mm8_cases(op, args.quick, getattr(torch, d))]
+                cases = [c for d in args.dtypes for c in mm8_cases(op, args.quick, getattr(torch, d), shapes)]
             elif op == "linear_one":
-                cases = list(linear_cases(args.quick))
+                cases = list(linear_cases(args.quick, shapes))
             else:
                 cases = list(wkv_cases(op, args.quick))
             for case, make, nbytes, baseline in cases:

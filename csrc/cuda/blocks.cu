@@ -33,9 +33,12 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // ------------------------------------------------------------------------------------ ln_mix
-// Block per row t (a grid-stride loop over rows). Each thread owns channels c = tid + q*blockDim.
-// prev[t] is sx for t = 0, else the previous row's layer norm in fp32 (recomputed here: the CPU
-// kernel uses the same fp32 values).
+// Grid (chunks, rows): block (j, t) writes channels [j*span, (j+1)*span) of row t (a grid-stride
+// loop over rows); each thread owns channels c = c0 + tid + q*blockDim. Every block computes its
+// row's statistics over all C channels itself, in the same order, so the chunking never changes a
+// result: one token's layer norm is spread over C/blockDim blocks instead of one (at C = 4096 one
+// block took 32 us). prev[t] is sx for t = 0, else the previous row's layer norm in fp32
+// (recomputed here: the CPU kernel uses the same fp32 values).
 
 template <typename A>
 __device__ void row_stats(const A* __restrict__ xt, int64_t C, float eps, float* scratch,
@@ -59,12 +62,14 @@ __global__ void ln_mix_kernel(int64_t T, int64_t C, int64_t n, const A* __restri
                               const float* __restrict__ b, const float* __restrict__ mix,
                               bool lerp, float eps, A* __restrict__ xx, A* __restrict__ out) {
   __shared__ float scratch[kMaxWarps];
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+  const int64_t span = (C + gridDim.x - 1) / gridDim.x;
+  const int64_t c0 = blockIdx.x * span, c1 = c0 + span < C ? c0 + span : C;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
     const A* xt = x + t * C;
     float mean, rstd, pmean = 0.f, prstd = 0.f;
     row_stats(xt, C, eps, scratch, &mean, &rstd);
     if (t > 0) row_stats(xt - C, C, eps, scratch, &pmean, &prstd);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
       const float cur = (to_f32(xt[c]) - mean) * rstd * w[c] + b[c];
       const float prev =
           t > 0 ? (to_f32(xt[c - C]) - pmean) * prstd * w[c] + b[c] : to_f32(sx[c]);
@@ -158,9 +163,14 @@ template <typename A>
 void ln_mix_launch(int64_t T, int64_t C, int64_t n, const void* x, const void* sx,
                    const float* w, const float* b, const float* mix, bool lerp, float eps,
                    void* xx, void* out, cudaStream_t stream) {
+  if (T <= 0 || C <= 0) return;
   const unsigned threads = C >= 1024 ? 256 : (C >= 256 ? 128 : 32);
-  const unsigned blocks = static_cast<unsigned>(T < (1 << 20) ? T : (1 << 20));
-  ln_mix_kernel<A><<<blocks, threads, 0, stream>>>(
+  // Channel chunks: one per blockDim channels while there are few rows (decode), so that a launch
+  // has about kWantBlocks blocks; one chunk per row once the rows alone give that many.
+  constexpr int64_t kWantBlocks = 256;
+  const int64_t by_rows = (kWantBlocks + T - 1) / T, by_channels = (C + threads - 1) / threads;
+  const dim3 grid(static_cast<unsigned>(by_rows < by_channels ? by_rows : by_channels), grid_rows(T));
+  ln_mix_kernel<A><<<grid, threads, 0, stream>>>(
       T, C, n, static_cast<const A*>(x), static_cast<const A*>(sx), w, b, mix, lerp, eps,
       static_cast<A*>(xx), static_cast<A*>(out));
 }

@@ -328,7 +328,8 @@ def ln_mix_spec(x, sx, w, b, mix, lerp):
 
 @pytest.mark.parametrize("dtype", ACT, ids=str)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
-@pytest.mark.parametrize("T,C,n", [(1, 1024, 6), (1, 4096, 1), (3, 33, 2), (7, 2048, 5), (1, 8, 1)])
+@pytest.mark.parametrize("T,C,n", [(1, 1024, 6), (1, 4096, 1), (3, 33, 2), (7, 2048, 5), (1, 8, 1),
+                                   (300, 520, 2)])
 def test_ln_mix_matches_spec(T, C, n, lerp, dtype, gen):
     args = ln_mix_inputs(T, C, n, dtype, gen)
     xx, mixed = op("ln_mix")(*args, lerp, LN_EPS)

@@ -244,7 +244,7 @@ def close_act(actual, expected, dtype, tol=2e-5):
 @needs_emu
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=str)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
-@pytest.mark.parametrize("T,C,n", [(1, 64, 6), (3, 33, 2), (2, 1100, 1)])
+@pytest.mark.parametrize("T,C,n", [(1, 64, 6), (3, 33, 2), (2, 1100, 1), (300, 40, 1)])
 def test_emulated_ln_mix(emu_lib, T, C, n, lerp, dtype, emu_gen):
     x, sx = rand((T, C), emu_gen, 2, 4, dtype), rand((C,), emu_gen, -1, 1, dtype)
     w, b = rand((C,), emu_gen, 0.5, 1.5), rand((C,), emu_gen, -0.5, 0.5)
