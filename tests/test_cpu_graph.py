@@ -177,7 +177,8 @@ print(rss() - before)
 def test_deleted_models_leave_no_graph_behind(paths):
     """A traced graph lives as long as its model: torch.jit.trace keeps every traced function
     (and any tensor constant in it) for the life of the process, ~4 MB per model here; ours
-    lives in the decoder's own compilation unit and takes the weights as inputs."""
+    lives in the decoder's own compilation unit, with the model's own weight tensors (not
+    copies) as its constants."""
     if not compiled():
         pytest.skip("rwkv._C is not built")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
