@@ -125,7 +125,8 @@ class Runtime:
             specs = self._flat_specs = [spec for i in range(self.info.n_layer) for spec in self.state_spec(i)]
         for idx, (t, (shape, dtype, dev, what)) in enumerate(zip(state, specs)):
             # The fast test first: this runs on every forward call.
-            if type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape and _on_device(t, dev):
+            if type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape and (
+                    t.device == dev or _on_device(t, dev)):
                 continue
             where = f"state[{idx}] (layer {idx // self.per_layer} {what})"
             if not isinstance(t, torch.Tensor):
