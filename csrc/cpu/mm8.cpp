@@ -6,6 +6,7 @@
 // never built. Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/mm8.h and docs/kernels.md.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "common/op_checks.h"
@@ -50,11 +52,26 @@ constexpr int64_t kTiledMinRows = 32;
 // (same machine: loop 0.97 ms vs tiles 1.3 ms at T = 8, 1.7-1.9 ms vs 1.0-1.2 ms at T = 16).
 constexpr int64_t kBf16TiledMinRows = 16;
 
+// a [T, N] @ tile.t() for a tile [mt, N]: torch's oneDNN linear (mkldnn::_linear_pointwise, the
+// tile being its weight layout) for fp32 when this torch has it: at::mm sends fp32 to MKL's sgemm,
+// 1.3-2.4x slower on AMD Zen 4 (rwkv/models/common.py, onednn_linear). bf16 at::mm is oneDNN's.
+at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
+  static const std::optional<c10::OperatorHandle> linear =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  if (!linear || a.scalar_type() != at::kFloat || a.numel() == 0 || tile.numel() == 0)
+    return at::mm(a, tile.t());  // (oneDNN has no primitive for empty sizes)
+  std::vector<c10::IValue> stack{a, tile, c10::IValue(), c10::IValue("none"),
+                                 c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  linear->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 // y[T, M] = rx*(xs @ q + sums[:, 0]) + sums[:, 1] + mx*sums[:, 2], q column-major [N, M] uint8,
 // converted one tile at a time (2 Mi elements: 8 MiB fp32 or 4 MiB bf16; never the whole matrix).
 // Wide tiles keep BLAS efficient: T = 512, fp32, N x M = 2048x2048 / 2048x8192 / 8192x2048, two
 // threads: 64 Ki-element tiles 25.9 / 102 / 104 ms, 1 Mi 17.4 / 69 / 70 ms, 2 Mi 14.9 / 59 / 64 ms,
-// torch's own x @ W on a prebuilt fp32 matrix 13.8 / 53 / 52 ms; bf16 tiles 512 Ki 7.6 / 27 /
+// torch's own x @ W (MKL) on a prebuilt fp32 matrix 13.8 / 53 / 52 ms (fp32 tiles now go to oneDNN:
+// tile_product); bf16 tiles 512 Ki 7.6 / 27 /
 // 32 ms, 2 Mi 6.5 / 22 / 26 ms. fp32 tiles give fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring keeps the bf16-rounded products
 // small next to the offsets they are later added to) times xs rounded to bf16; the missing
 // 128*sum(xs) goes into the row term, taken from the fp32 xs.
@@ -78,7 +95,7 @@ void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums
         kt.mm8_tile_f32(N, m0 + r0, m0 + r1, qp, buf.data_ptr<float>() + r0 * N);
       }
     });
-    y.narrow(1, m0, mt).copy_(at::mm(a, buf.narrow(0, 0, mt).t()));
+    y.narrow(1, m0, mt).copy_(tile_product(a, buf.narrow(0, 0, mt)));
   }
   // 0.5*sum(xs) (+ 128*sum(xs) = 256 * 0.5*sum(xs) for the centred bf16 tiles).
   const at::Tensor s0 = bf16 ? sums.narrow(1, 0, 1).mul(257) : sums.narrow(1, 0, 1);

@@ -1,0 +1,67 @@
+"""Projection's products of several rows for fp32 weights on CPU: oneDNN's linear
+(rwkv.models.common.onednn_linear) instead of ``x @ W`` (MKL's sgemm), except with
+kernels="reference"; the same values up to fp32 rounding, row slabs included."""
+
+import pytest
+import torch
+
+from rwkv import slabs
+from rwkv.models.common import Projection, onednn_linear
+from rwkv.strategy import LayerPlacement
+
+FP32 = LayerPlacement(device="cpu", dtype="fp32", quant=None, stream=False)
+
+needs_onednn = pytest.mark.skipif(onednn_linear() is None, reason="this torch has no oneDNN")
+
+
+def column_major(rows, cols, gen):
+    return torch.randn(cols, rows, generator=gen).t()  # [rows, cols], w.t() contiguous
+
+
+def fp32_close(y, want64):
+    # fp32 sums of N products: a few ulps of the largest partial sums.
+    scale = float(want64.abs().max())
+    assert float((y.double() - want64).abs().max()) <= 1e-5 * scale
+
+
+@needs_onednn
+@pytest.mark.parametrize("T", [2, 7, 64])
+def test_rows_use_onednn(T):
+    gen = torch.Generator().manual_seed(T)
+    W = column_major(300, 200, gen)
+    x = torch.randn(T, 300, generator=gen)
+    p = Projection({"w": W}, "w", FP32, "auto")
+    assert p._linear_seq is not None
+    y = p(x)
+    assert torch.equal(y, onednn_linear()(x, W.t(), None, "none", [], None))
+    fp32_close(y, x.double() @ W.double())
+    # a non-contiguous x (a column slice) gives the same values
+    wide = torch.randn(T, 400, generator=gen)
+    wide[:, 50:350] = x
+    assert torch.equal(p(wide[:, 50:350]), y)
+
+
+def test_reference_mode_keeps_torch_matmul():
+    gen = torch.Generator().manual_seed(3)
+    W, x = column_major(64, 48, gen), torch.randn(5, 64, generator=gen)
+    p = Projection({"w": W}, "w", FP32, "reference")
+    assert p._linear_seq is None
+    assert torch.equal(p(x), x @ W)
+
+
+@needs_onednn
+def test_row_slabs_sum_onednn_products():
+    gen = torch.Generator().manual_seed(5)
+    W, x = column_major(512, 96, gen), torch.randn(6, 512, generator=gen)
+    p = Projection({"w": slabs.split_rows(W, 4)}, "w", FP32, "auto")
+    assert p.slabs is not None and p._linear_seq is not None
+    fp32_close(p(x), x.double() @ W.double())
+
+
+def test_bf16_weights_keep_torch_matmul():
+    gen = torch.Generator().manual_seed(7)
+    W = column_major(64, 32, gen).to(torch.bfloat16)
+    p = Projection({"w": W}, "w", LayerPlacement(device="cpu", dtype="bf16", quant=None, stream=False), "auto")
+    assert p._linear_seq is None
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    assert torch.equal(p(x), x @ W)
