@@ -21,6 +21,8 @@ struct VecAvx2 {
   static reg set1(float a) { return _mm256_set1_ps(a); }
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
+  static void stream(float* p, reg a) { _mm256_stream_ps(p, a); }  // see VecScalar::stream
+  static void fence() { _mm_sfence(); }
   static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }

@@ -21,6 +21,8 @@ struct VecAvx512 {
   static reg set1(float a) { return _mm512_set1_ps(a); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
+  static void stream(float* p, reg a) { _mm512_stream_ps(p, a); }  // see VecScalar::stream
+  static void fence() { _mm_sfence(); }
   static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }

@@ -14,6 +14,12 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
+// Whether a matrix state [.., N, N] at `state` can be written with V::stream row by row: every row
+// starts on a 64-byte boundary (any ISA's register size) and holds whole registers.
+inline bool rows_streamable(const float* state, int64_t N) {
+  return reinterpret_cast<std::uintptr_t>(state) % 64 == 0 && N % 16 == 0;
+}
+
 struct VecScalar {
   using reg = float;
   static constexpr int width = 1;
@@ -23,6 +29,11 @@ struct VecScalar {
   static reg set1(float a) { return a; }
   static reg load(const float* p) { return *p; }
   static void store(float* p, reg a) { *p = a; }
+  // A store that bypasses the caches where the ISA has one (p aligned to the register size), for
+  // results not read again soon; fence() orders such stores before later ones (call it before
+  // the data is handed on). Here: a plain store, and nothing to order.
+  static void stream(float* p, reg a) { *p = a; }
+  static void fence() {}
   static reg add(reg a, reg b) { return a + b; }
   static reg sub(reg a, reg b) { return a - b; }
   static reg mul(reg a, reg b) { return a * b; }

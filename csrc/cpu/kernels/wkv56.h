@@ -15,8 +15,8 @@ namespace cpu {
 namespace RWKV_ISA {
 
 // Value columns [j, j + B*V::width) of one head and token: reads the state from src, writes the
-// updated state to S (the same pointer: in place).
-template <class V, int B>
+// updated state to S (the same pointer: in place); kStream: past the caches (V::stream).
+template <class V, int B, bool kStream = false>
 inline void wkv56_columns(int64_t N, int64_t j, const float* src, float* S, const float* r,
                           const float* k, const float* v, const float* w, float ruk, float* y) {
   using R = typename V::reg;
@@ -33,7 +33,11 @@ inline void wkv56_columns(int64_t N, int64_t j, const float* src, float* S, cons
     for (int b = 0; b < B; ++b) {
       const R s = V::load(from + b * W);
       acc[b] = V::fma(ri, s, acc[b]);
-      V::store(row + b * W, V::fma(wi, s, V::mul(ki, vj[b])));
+      const R out = V::fma(wi, s, V::mul(ki, vj[b]));
+      if (kStream)
+        V::stream(row + b * W, out);
+      else
+        V::store(row + b * W, out);
     }
   }
   const R c = V::set1(ruk);
@@ -41,16 +45,17 @@ inline void wkv56_columns(int64_t N, int64_t j, const float* src, float* S, cons
 }
 
 // One head and token: y [N] from the state src [N, N], written updated to S (may be src), with
-// decay wt and bonus u of the head.
-template <class V>
+// decay wt and bonus u of the head. kStream: S written past the caches (rows_streamable(S, N)).
+template <class V, bool kStream = false>
 inline void wkv56_token(int64_t N, const float* src, float* S, const float* r, const float* k,
                         const float* v, const float* wt, const float* uh, float* y) {
   constexpr int W = V::width;
   float ruk = 0.0f;
   for (int64_t i = 0; i < N; ++i) ruk += r[i] * uh[i] * k[i];
   int64_t j = 0;
-  for (; j + 4 * W <= N; j += 4 * W) wkv56_columns<V, 4>(N, j, src, S, r, k, v, wt, ruk, y);
-  for (; j + W <= N; j += W) wkv56_columns<V, 1>(N, j, src, S, r, k, v, wt, ruk, y);
+  for (; j + 4 * W <= N; j += 4 * W)
+    wkv56_columns<V, 4, kStream>(N, j, src, S, r, k, v, wt, ruk, y);
+  for (; j + W <= N; j += W) wkv56_columns<V, 1, kStream>(N, j, src, S, r, k, v, wt, ruk, y);
   for (; j < N; ++j) wkv56_columns<typename V::Tail, 1>(N, j, src, S, r, k, v, wt, ruk, y);
 }
 
@@ -83,6 +88,8 @@ void wkv6_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
   constexpr int W = V::width;
   const int64_t HN = H * N;
   const float *base = p, *u = p + HN, *lx_w = p + 2 * HN, *lx_b = p + 3 * HN;
+  // The last step's new state is written past the caches (as in wkv7_block).
+  const bool stream = rows_streamable(state, N);
   for (int64_t h = h0; h < h1; ++h) {
     float* dec = scratch + (h - h0) * N;
     const int64_t c = h * N;
@@ -96,10 +103,14 @@ void wkv6_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
       for (; j < N; ++j) dec[j] = S::exp(-S::exp(base[c + j] + w[o + j]));
       float* S = state + h * N * N;
       const float* src = t == 0 && state_in != nullptr ? state_in + h * N * N : S;
-      wkv56_token<V>(N, src, S, r + o, k + o, v + o, dec, u + c, y + o);
+      if (stream && t == T - 1)
+        wkv56_token<V, true>(N, src, S, r + o, k + o, v + o, dec, u + c, y + o);
+      else
+        wkv56_token<V>(N, src, S, r + o, k + o, v + o, dec, u + c, y + o);
       group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o);
     }
   }
+  if (stream) V::fence();
 }
 
 }  // namespace RWKV_ISA

@@ -34,8 +34,9 @@ inline float wkv7_dot(const float* a, const float* b, int64_t n) {
 }
 
 // Writes the updated state row `src` to `row` (the same pointer: in place) and returns its dot
-// product with r.
-template <class V>
+// product with r. kStream: the row is written past the caches (V::stream; row aligned, n whole
+// registers), for a state not read again in this call.
+template <class V, bool kStream = false>
 inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, const float* b,
                       const float* k, const float* r, float sa, float vi) {
   using R = typename V::reg;
@@ -46,7 +47,10 @@ inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, c
   for (; j + W <= n; j += W) {
     const R add = V::fma(sav, V::load(b + j), V::mul(viv, V::load(k + j)));
     const R s = V::fma(V::load(src + j), V::load(w + j), add);
-    V::store(row + j, s);
+    if (kStream)
+      V::stream(row + j, s);
+    else
+      V::store(row + j, s);
     acc = V::fma(s, V::load(r + j), acc);
   }
   float y = V::reduce_add(acc);
@@ -110,6 +114,9 @@ void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
                 const float* v, const float* a, const float* g, const float* v_first,
                 const float* v_gate, const float* p, float eps, float* scratch, float* y) {
   const int64_t HN = H * N;
+  // The last step's new state is not read again here (and the weights streamed before the next
+  // token evict it anyway): written past the caches, it costs no read of the fresh memory first.
+  const bool stream = rows_streamable(state, N);
   const float *w0 = p, *a0 = p + HN, *v0 = p + 2 * HN, *k_k = p + 3 * HN, *k_a = p + 4 * HN,
               *r_k = p + 5 * HN, *lx_w = p + 6 * HN, *lx_b = p + 7 * HN;
   for (int64_t h = h0; h < h1; ++h) {
@@ -142,14 +149,17 @@ void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
         bonus += r[o + j] * k2[j] * r_k[c + j];
       }
       const float* from = t == 0 ? S0 : S;
+      const bool last = stream && t == T - 1;
       for (int64_t i = 0; i < N; ++i) {
         const float* src = from + i * N;
         const float sa = wkv7_dot<V>(nk, src, N);
-        y[o + i] = wkv7_row<V>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i]);
+        y[o + i] = last ? wkv7_row<V, true>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i])
+                        : wkv7_row<V>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i]);
       }
       group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o, bonus, v2);
     }
   }
+  if (stream) V::fence();
 }
 
 }  // namespace RWKV_ISA
