@@ -54,7 +54,7 @@ constexpr int64_t kBf16TiledMinRows = 16;
 
 // a [T, N] @ tile.t() for a tile [mt, N]: torch's oneDNN linear (mkldnn::_linear_pointwise, the
 // tile being its weight layout) for fp32 when this torch has it: at::mm sends fp32 to MKL's sgemm,
-// 1.3-2.4x slower on AMD Zen 4 (rwkv/models/common.py, onednn_linear). bf16 at::mm is oneDNN's.
+// 1.3-2.5x slower on AMD Zen 4 (rwkv/models/common.py, onednn_linear). bf16 at::mm is oneDNN's.
 at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
   static const std::optional<c10::OperatorHandle> linear =
       c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});

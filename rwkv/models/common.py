@@ -53,10 +53,10 @@ def _compiled(name: str, dispatch_key: str) -> bool:
 def onednn_linear():
     """torch's oneDNN linear, ``torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], None)``
     with w [M, N] (our column-major weights transposed: no copy), or None when this torch has no
-    oneDNN. For fp32 products of several rows on CPU it is 1.3-2.4x faster than ``x @ W``, which
-    torch sends to MKL's sgemm (AMD Zen 4, 2 threads, N x M = 2048 x 8192: T = 512 219 vs 166
-    GFLOP/s, T = 128 204 vs 122, T = 16 113 vs 48; benchmarks/RESULTS.md). bf16 products already
-    go to oneDNN through ``x @ W``."""
+    oneDNN. For fp32 products of several rows on CPU it is 1.3-2.5x faster than ``x @ W``, which
+    torch sends to MKL's sgemm (AMD Zen 4, 2 threads, N x M = 2048 x 8192: T = 512 212 vs 155
+    GFLOP/s, T = 128 197 vs 107, T = 16 107 vs 42; benchmarks/bench_gemm.py, RESULTS.md). bf16
+    products already go to oneDNN through ``x @ W``."""
     if not torch.backends.mkldnn.is_available():
         return None
     return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
