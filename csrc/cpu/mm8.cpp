@@ -68,11 +68,11 @@ at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
 
 // y[T, M] = rx*(xs @ q + sums[:, 0]) + sums[:, 1] + mx*sums[:, 2], q column-major [N, M] uint8,
 // converted one tile at a time (2 Mi elements: 8 MiB fp32 or 4 MiB bf16; never the whole matrix).
-// Wide tiles keep BLAS efficient: T = 512, fp32, N x M = 2048x2048 / 2048x8192 / 8192x2048, two
-// threads: 64 Ki-element tiles 25.9 / 102 / 104 ms, 1 Mi 17.4 / 69 / 70 ms, 2 Mi 14.9 / 59 / 64 ms,
-// torch's own x @ W (MKL) on a prebuilt fp32 matrix 13.8 / 53 / 52 ms (fp32 tiles now go to oneDNN:
-// tile_product); bf16 tiles 512 Ki 7.6 / 27 /
-// 32 ms, 2 Mi 6.5 / 22 / 26 ms. fp32 tiles give fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring keeps the bf16-rounded products
+// Wide tiles keep the GEMM efficient: T = 512, fp32, N x M = 2048x2048 / 2048x8192 / 8192x2048,
+// two threads, with MKL's sgemm (before tile_product): 64 Ki-element tiles 25.9 / 102 / 104 ms,
+// 1 Mi 17.4 / 69 / 70 ms, 2 Mi 14.9 / 59 / 64 ms, torch's own x @ W on a prebuilt fp32 matrix
+// 13.8 / 53 / 52 ms; bf16 tiles 512 Ki 7.6 / 27 / 32 ms, 2 Mi 6.5 / 22 / 26 ms. fp32 tiles give
+// fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring keeps the bf16-rounded products
 // small next to the offsets they are later added to) times xs rounded to bf16; the missing
 // 128*sum(xs) goes into the row term, taken from the fp32 xs.
 void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums,
