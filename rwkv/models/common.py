@@ -219,7 +219,10 @@ class Projection:
         if self._dense_one is not None and rows(x) == 1 and x.dtype == W.dtype:
             return self._dense_one(x, W, act), True
         if self._linear_seq is not None and x.dtype == torch.float32 and x.dim() == 2 and x.numel():
-            return self._linear_seq(x.contiguous(), W.t(), None, "none", [], None), False
+            try:
+                return self._linear_seq(x.contiguous(), W.t(), None, "none", [], None), False
+            except RuntimeError:  # a oneDNN build that cannot run it here: torch's matmul from now on
+                self._linear_seq = None
         return x @ W, False
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,

@@ -65,3 +65,21 @@ def test_bf16_weights_keep_torch_matmul():
     assert p._linear_seq is None
     x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
     assert torch.equal(p(x), x @ W)
+
+
+@needs_onednn
+def test_onednn_failure_falls_back_to_torch_matmul():
+    """A oneDNN build that raises for a product leaves the projection on ``x @ W`` for good."""
+    gen = torch.Generator().manual_seed(9)
+    W, x = column_major(64, 40, gen), torch.randn(3, 64, generator=gen)
+    p = Projection({"w": W}, "w", FP32, "auto")
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise RuntimeError("could not create a primitive")
+
+    p._linear_seq = failing
+    assert torch.equal(p(x), x @ W)
+    assert p._linear_seq is None and len(calls) == 1
+    assert torch.equal(p(x), x @ W)
