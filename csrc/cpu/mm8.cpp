@@ -42,11 +42,13 @@ at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x) {
 
 namespace {
 
-// From this many rows on, mm8_seq converts column tiles of q and lets at::mm (BLAS) do the
-// products: the conversion is paid once per tile instead of once per row group, and BLAS runs at
-// several times the multiply-add rate of the row-group loop of kernels/mm8.h. Measured on an
-// AVX-512 Xeon (N = M = 2048, one thread): fp32 x: loop 2.96 ms vs tiles 3.22 ms at T = 24,
-// 4.13 ms vs 3.70 ms at T = 32.
+// From this many rows on, mm8_seq converts column tiles of q and lets a GEMM (tile_product) do
+// the products: the conversion is paid once per tile instead of once per row group, and the GEMM
+// runs at several times the multiply-add rate of the row-group loop of kernels/mm8.h. Measured on
+// an AVX-512 Xeon (N = M = 2048, one thread, MKL): fp32 x: loop 2.96 ms vs tiles 3.22 ms at
+// T = 24, 4.13 ms vs 3.70 ms at T = 32. With oneDNN tiles on the AMD Zen 4 (two threads) the
+// crossover moved to 16-24 rows (T = 24: 2048x2048 1.86 vs 1.70 ms, 2048x8192 9.1 vs 7.5,
+// 8192x2048 7.9 vs 7.8; T = 16: the loop as fast or faster); the threshold was left at 32.
 constexpr int64_t kTiledMinRows = 32;
 // bf16 x uses bf16 tiles, since torch's bf16 GEMM is several times faster than its fp32 one
 // (same machine: loop 0.97 ms vs tiles 1.3 ms at T = 8, 1.7-1.9 ms vs 1.0-1.2 ms at T = 16).
