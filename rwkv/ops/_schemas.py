@@ -149,7 +149,7 @@ def _mm8_seq_fake(x, w, mx, rx, my, ry):
     return x.new_empty((int(x.shape[0]), M))
 
 
-# As mm8_one, but xs = x*ry is rounded to int16 with one scale per call (max|xs| / 32767) and the
+# As mm8_one, but xs = x*ry is rounded to int16 with one scale per call (max|xs| / 32639) and the
 # dot products with w are exact integers: y = rx*(scale*(xq @ w) + 0.5*sum(xs)) + sum(x*my)
 # + mx*sum(x). Falls back to mm8_one's fp32 math when xs is all zero or not finite. act: an
 # activation of y (ACTIVATIONS; 0 = none). mx, rx, my, ry may also be float32 (it computes in

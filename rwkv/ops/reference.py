@@ -305,9 +305,15 @@ def mm8_seq(x, w, mx, rx, my, ry):
     return _mm8("mm8_seq", x, w, mx, rx, my, ry, True)
 
 
+#: The largest |xq| of mm8_one_i16's int16 activation: 127 * 256 + 127, so that every xq splits
+#: into two signed bytes (256*h + l), which the AVX-512 VNNI kernel multiplies with two vpdpbusd
+#: per 64 weights (the full int16 range needs three). csrc/cpu/kernels/mm8.h: kXqMax.
+XQ_MAX = 32639.0
+
+
 def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     """mm8_one (side tensors in x's dtype or fp32) with xs = x*ry rounded to int16 (scale
-    max|xs|/32767, round half to even) and exact integer dot products; mm8_one's fp32 math when
+    max|xs|/XQ_MAX, round half to even) and exact integer dot products; mm8_one's fp32 math when
     xs is all zero or not finite; then the activation ``act`` (in fp32). Returns [M] or [1, M] (as x) in x's dtype. The compiled kernel
     quantizes identically, so only the fp32 sums (and the activation's last bits) differ."""
     _checks.validate_mm8("mm8_one_i16", x, w, mx, rx, my, ry, False, fp32_side=True)
@@ -316,13 +322,13 @@ def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     x32, ry32 = x.to(f), ry.to(f)
     xs = x32 * ry32[:, 0]
     amax = xs.abs().max() if xs.numel() else xs.new_zeros(())
-    inv = torch.tensor(32767.0, dtype=f) / amax
+    inv = torch.tensor(XQ_MAX, dtype=f) / amax
     usable = bool(torch.isfinite(xs.sum()) and amax > 0 and torch.isfinite(amax) and torch.isfinite(inv))
     if not usable:  # mm8_one's math (in fp32, so the side tensors may be fp32 here too)
         y = mm8_math(x32, w, mx.to(f), rx.to(f), my.to(f), ry32)
         return activate(y, act).to(x.dtype)
-    xq = torch.round(xs * inv).clamp(-32768, 32767)
-    scale = amax / torch.tensor(32767.0, dtype=f)
+    xq = torch.round(xs * inv)  # |xq| <= XQ_MAX
+    scale = amax / torch.tensor(XQ_MAX, dtype=f)
     # float64 holds every partial sum exactly (|sum| < N * 32768 * 255 < 2^53).
     dot = (xq.double() @ w.double()).to(torch.int64).to(f) * scale
     y = rx.to(f) * (dot + 0.5 * xs.sum()) + (x32 * my.to(f)[:, 0]).sum() + mx.to(f) * x32.sum()

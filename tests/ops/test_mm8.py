@@ -175,10 +175,10 @@ def test_mm8_rejects(T, impl, case, rng):
 
 def i16_error_bound(x, w, ry, rx):
     """|y - exact| from rounding xs to int16: each xs[n] moves by at most 0.5 (+ the fp32 rounding
-    of xs*inv, < 0.002) of a step scale = max|xs|/32767, so y[m] moves by at most
+    of xs*inv, < 0.002) of a step scale = max|xs|/XQ_MAX, so y[m] moves by at most
     rx[m] * 0.502 * scale * sum_n w[n, m]."""
     xs = x.double() * ry.double()[:, 0]
-    scale = xs.abs().max() / 32767
+    scale = xs.abs().max() / ref.XQ_MAX
     return rx.double().abs() * 0.502 * scale * w.double().sum(0)
 
 
@@ -246,11 +246,51 @@ def test_mm8_one_i16_vnni_equals_avx512_bit_for_bit(N, M, rng):
             assert torch.equal(out["avx512"], out["avx512vnni"]), order
 
 
+def test_mm8_one_i16_vnni_split_edges_bit_for_bit(rng):
+    """The VNNI kernel splits each int16 activation into two signed bytes, 256*h + l (pack() in
+    vec_avx512vnni.h): activations at the ends of the range (xq = +-XQ_MAX) and at every byte
+    boundary give the same bits as avx512's int16 products."""
+    fn = compiled_or_skip("mm8_one_i16")
+    if "avx512vnni" not in _testing.supported_cpu_isas():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    top = int(ref.XQ_MAX)
+    edges = [top, -top, 0, 1, -1, 127, 128, -128, -129, 255, 256, -256, -257, 32512, -32512,
+             top - 1, -(top - 1), 32383, -32384]
+    levels = torch.tensor(edges + list(range(-top, top + 1, 97)), dtype=torch.float64)
+    N, M = levels.numel(), 37
+    x = (levels / ref.XQ_MAX).float()  # max|xs| = 1, so xq = the levels exactly
+    w = torch.randint(0, 256, (M, N), generator=rng, dtype=torch.uint8).t()
+    mx, my, rx, ry = torch.zeros(M), torch.zeros(N, 1), torch.ones(M), torch.ones(N, 1)
+    out = {}
+    for isa in ("avx512", "avx512vnni"):
+        with _testing.force_cpu_isa(isa):
+            out[isa] = fn(x, w, mx, rx, my, ry)
+    assert torch.equal(out["avx512"], out["avx512vnni"])
+
+
+def test_mm8_one_i16_scale_is_xq_max(cpu_isa, rng):
+    """xq = round(xs * XQ_MAX / max|xs|): activations that are integers over XQ_MAX round to
+    themselves, so the result is the exact product up to fp32 rounding (~1e-7). Another
+    constant would round them (errors ~1e-5 of y here)."""
+    fn = compiled_or_skip("mm8_one_i16")
+    top = int(ref.XQ_MAX)
+    N, M = 4096, 16
+    levels = torch.randint(-top, top + 1, (N,), generator=rng).double()
+    levels[0] = top
+    x = (levels / ref.XQ_MAX).float()
+    w = torch.randint(0, 256, (M, N), generator=rng, dtype=torch.uint8).t()
+    mx, my, rx, ry = torch.zeros(M), torch.zeros(N, 1), torch.ones(M), torch.ones(N, 1)
+    exact = ref.mm8_math(x.double(), w, mx.double(), rx.double(), my.double(), ry.double())
+    with _testing.force_cpu_isa(cpu_isa):
+        y = fn(x, w, mx, rx, my, ry).double()
+    assert float((y - exact).abs().max()) <= 1e-6 * float(exact.abs().max())
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mm8_one_i16_bound_is_tight_enough_to_matter(impl, rng):
     # The int16 error is real (so the bound is what is being tested) but small next to int8's own
     # noise: weights rounded to steps of rx*ry move y[m] with std rx[m]*|xs|/sqrt(12). Expected
-    # ratio ~ (max|xs|/32767) * rms(w) / rms(xs) ~ 1%; 5% is the figure the model tests use.
+    # ratio ~ (max|xs|/XQ_MAX) * rms(w) / rms(xs) ~ 1%; 5% is the figure the model tests use.
     fn = implementation("mm8_one_i16", impl, "cpu")
     x, w, mx, rx, my, ry = make_inputs(0, 3000, 50, rng)
     y, y64 = fn(x, w, mx, rx, my, ry).double(), ref.mm8_math(*f64(x), w, *f64(mx, rx, my, ry))
@@ -264,7 +304,7 @@ def test_mm8_one_i16_bound_is_tight_enough_to_matter(impl, rng):
 
 @pytest.mark.parametrize("sign", [1, -1])
 def test_mm8_one_i16_no_int32_overflow(cpu_isa, sign):
-    # Every product at its largest (|xq| = 32767, w = 255) over 20000 rows: the integer sums pass
+    # Every product at its largest (|xq| = XQ_MAX, w = 255) over 20000 rows: the integer sums pass
     # 2^31 many times over, so partial sums must be widened in time (kernels/mm8.h, flush).
     fn = compiled_or_skip("mm8_one_i16")
     N, M = 20000, 5
@@ -274,7 +314,7 @@ def test_mm8_one_i16_no_int32_overflow(cpu_isa, sign):
     rx, ry = torch.ones(M), torch.ones(N, 1)
     with _testing.force_cpu_isa(cpu_isa):
         y = fn(x, w, mx, rx, my, ry)
-    expected = sign * (255.5 * N)  # (w + 0.5) summed; xq = ±32767 exactly, scale = 1/32767
+    expected = sign * (255.5 * N)  # (w + 0.5) summed; xq = ±XQ_MAX exactly, scale = 1/XQ_MAX
     torch.testing.assert_close(y, torch.full((M,), expected), rtol=1e-6, atol=0)
 
 
@@ -291,7 +331,7 @@ def test_mm8_one_i16_falls_back_to_fp32(impl, case, rng):
         x[7] = float("nan")
     elif case == "inf":
         x[3] = float("inf")
-    else:  # max|xs| so small that 32767/max|xs| overflows fp32
+    else:  # max|xs| so small that XQ_MAX/max|xs| overflows fp32
         x = torch.full_like(x, 1e-40)
     torch.testing.assert_close(fn(x, w, mx, rx, my, ry), one(x, w, mx, rx, my, ry), rtol=0, atol=0,
                                equal_nan=True)

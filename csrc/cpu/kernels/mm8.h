@@ -132,9 +132,15 @@ inline void mm8_columns_seq(int64_t T, int64_t N, int64_t M, int64_t m, const fl
   for (; t < T; ++t) mm8_columns_rows<V, B, 1>(N, M, m, t, xs, q, sums, rx, mx, y);
 }
 
-// mm8_one_i16's activation: xq = round(xs * 32767 / max|xs|) as int16, zero from N up to n_pad
+// The largest |xq| of mm8_one_i16's activation: 127 * 256 + 127, so that every xq is 256*h + l
+// with h and l signed bytes (the avx512vnni Dot16 multiplies those with vpdpbusd: two
+// instructions per 64 weights where the full int16 range needs three). rwkv/ops/reference.py
+// has the same constant (XQ_MAX).
+constexpr float kXqMax = 32639.0f;
+
+// mm8_one_i16's activation: xq = round(xs * kXqMax / max|xs|) as int16, zero from N up to n_pad
 // (a multiple of Dot16::kStep), then in the layout V::Dot16 reads (Dot16::pack). Returns the
-// scale max|xs| / 32767 that undoes it, or 0 when the
+// scale max|xs| / kXqMax that undoes it, or 0 when the
 // integer path cannot represent xs (all zero, or a maximum that is not finite or too small to
 // invert); the caller then uses the fp32 path. NaN is not seen by the max: the caller checks
 // that sum(xs) is finite first.
@@ -146,14 +152,14 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
   for (; n + V::width <= N; n += V::width) m = V::max(m, V::abs(V::load(xs + n)));
   float amax = V::reduce_max(m);
   for (; n < N; ++n) amax = S::max(amax, S::abs(xs[n]));
-  const float inv = 32767.0f / amax;
+  const float inv = kXqMax / amax;
   if (!(amax > 0.0f) || !__builtin_isfinite(amax) || !__builtin_isfinite(inv)) return 0.0f;
   const typename V::reg iv = V::set1(inv);
   for (n = 0; n + V::width <= N; n += V::width) V::store_i16(xq + n, V::mul(V::load(xs + n), iv));
   for (; n < N; ++n) S::store_i16(xq + n, xs[n] * inv);
   for (; n < n_pad; ++n) xq[n] = 0;
   V::Dot16::pack(xq, n_pad);  // into the layout V's Dot16 reads (most: as it is)
-  return amax / 32767.0f;
+  return amax / kXqMax;
 }
 
 // mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], 64 bytes per step, then the

@@ -3,11 +3,11 @@
 // `#pragma GCC target`.
 //
 // vpdpbusd multiplies unsigned by signed bytes; q's bytes are the unsigned side, so the int16
-// activation is split into signed bytes: x = 256*h + l with h = x >> 8 (arithmetic, in
-// [-128, 127]) and l = x & 255, stored as l' = l - 128 (a signed byte). Then
-//   sum(q*x) = 256*sum(q*h) + sum(q*l') + 128*sum(q)
-// three exact integer dots per 64 bytes of q where VecAvx512's Dot16 widens q to int16 first
-// (2 widenings, 2 vpmaddwd, 2 adds): the same integer, so the same result to the bit.
+// activation is split into two signed bytes: x = 256*h + l with l = ((x + 128) & 255) - 128 and
+// h = (x + 128) >> 8 (arithmetic), both in [-128, 127] since |x| <= kXqMax = 127*256 + 127
+// (kernels/mm8.h). Then sum(q*x) = 256*sum(q*h) + sum(q*l): two exact integer dots per 64 bytes
+// of q where VecAvx512's Dot16 widens q to int16 first (2 widenings, 2 vpmaddwd, 2 adds): the
+// same integer, so the same result to the bit.
 #pragma once
 
 #include <immintrin.h>
@@ -22,32 +22,36 @@ namespace RWKV_ISA {
 
 struct VecAvx512Vnni : VecAvx512 {
   // See VecScalar::Dot16. x's layout (made by pack()): per block of 64 values, 64 bytes h then
-  // 64 bytes l' (128 bytes: the room of the 64 int16 values they replace, so x + n still
-  // addresses value n's block). A step is two blocks, each with its own three accumulators
+  // 64 bytes l (128 bytes: the room of the 64 int16 values they replace, so x + n still
+  // addresses value n's block). A step is two blocks, each with its own two accumulators
   // (vpdpbusd's latency would otherwise bound the loop). Each block puts at most 4 * 255 * 128
   // into an int32 lane, so 2048 elements stay far below 2^31. The tail is read with masked loads
-  // of q (bytes past N read as zero and add nothing to any of the three sums) and touches the
-  // second block only when it holds values: x is padded to a multiple of 64, not of kStep.
+  // of q (bytes past N read as zero and add nothing to either sum) and touches the second block
+  // only when it holds values: x is padded to a multiple of 64, not of kStep (zeros split into
+  // h = l = 0).
   struct Dot16 {
     using Base = VecAvx512::Dot16;  // its widened() sums int32 lanes in pairs as int64
     static constexpr int kStep = 128;
-    __m512i acc[2][3];  // [block of the step][h, l', q]
+    __m512i acc[2][2];  // [block of the step][h, l]
     __m512i wide;       // 8 x int64
     // Written out: an implicit constructor would not get this file's target pragma (GCC).
     Dot16() {
       wide = _mm512_setzero_si512();
-      for (auto& a : acc) a[0] = a[1] = a[2] = wide;
+      for (auto& a : acc) a[0] = a[1] = wide;
     }
 
-    // Rewrites xq [n_pad] int16 (n_pad a multiple of 64) in place into the layout above.
+    // Rewrites xq [n_pad] int16 (n_pad a multiple of 64, |xq| <= kXqMax) in place into the
+    // layout above.
     static void pack(int16_t* xq, int64_t n_pad) {
-      const __m512i flip = _mm512_set1_epi16(0x80);
+      const __m512i bias = _mm512_set1_epi16(128), flip = _mm512_set1_epi16(0x80);
       for (int64_t n = 0; n < n_pad; n += 64) {
-        const __m512i a = _mm512_loadu_si512(xq + n), b = _mm512_loadu_si512(xq + n + 32);
+        // t = x + 128 (no overflow: |x| <= kXqMax); h = t >> 8; l's byte = the low byte of t
+        // xor 0x80, which read as a signed byte is (t & 255) - 128.
+        const __m512i a = _mm512_add_epi16(_mm512_loadu_si512(xq + n), bias);
+        const __m512i b = _mm512_add_epi16(_mm512_loadu_si512(xq + n + 32), bias);
         const __m512i hi = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(a, 8))),
             _mm512_cvtepi16_epi8(_mm512_srai_epi16(b, 8)), 1);
-        // The low byte xor 0x80, read as a signed byte, is l - 128.
         const __m512i lo = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_xor_si512(a, flip))),
             _mm512_cvtepi16_epi8(_mm512_xor_si512(b, flip)), 1);
@@ -61,7 +65,6 @@ struct VecAvx512Vnni : VecAvx512 {
       const auto* b = reinterpret_cast<const int8_t*>(x);
       a[0] = _mm512_dpbusd_epi32(a[0], w, _mm512_loadu_si512(b));
       a[1] = _mm512_dpbusd_epi32(a[1], w, _mm512_loadu_si512(b + 64));
-      a[2] = _mm512_dpbusd_epi32(a[2], w, _mm512_set1_epi8(1));
     }
     static __mmask64 first(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
     void add(const int16_t* x, const uint8_t* q) {
@@ -73,13 +76,11 @@ struct VecAvx512Vnni : VecAvx512 {
       if (n > 64) add_block(acc[1], x + 64, _mm512_maskz_loadu_epi8(first(n - 64), q + 64));
     }
     void flush() {
-      // 256*h + l' + 128*q, summed over both blocks (each accumulator is below 2^31 before).
+      // 256*h + l, summed over both blocks (each accumulator is below 2^31 before).
       const __m512i h = Base::widened(_mm512_add_epi32(acc[0][0], acc[1][0]));
       const __m512i l = _mm512_add_epi64(Base::widened(acc[0][1]), Base::widened(acc[1][1]));
-      const __m512i q = Base::widened(_mm512_add_epi32(acc[0][2], acc[1][2]));
       wide = _mm512_add_epi64(wide, _mm512_add_epi64(_mm512_slli_epi64(h, 8), l));
-      wide = _mm512_add_epi64(wide, _mm512_slli_epi64(q, 7));
-      for (auto& a : acc) a[0] = a[1] = a[2] = _mm512_setzero_si512();
+      for (auto& a : acc) a[0] = a[1] = _mm512_setzero_si512();
     }
     int64_t sum() {
       flush();
