@@ -7,10 +7,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+
+#include "cpu/pooled.h"
 
 namespace rwkv {
 namespace cpu {
@@ -23,7 +24,7 @@ inline at::Tensor widened(const at::Tensor& t) {
   if (t.scalar_type() == at::kFloat) return t.contiguous();
   if (t.numel() >= kAtenConvertFrom) return t.to(at::kFloat).contiguous();
   const at::Tensor src = t.contiguous();
-  at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kFloat));
+  at::Tensor out = pooled_empty(src.sizes(), at::kFloat);
   const c10::BFloat16* s = src.data_ptr<c10::BFloat16>();
   float* d = out.data_ptr<float>();
   for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = static_cast<float>(s[i]);
@@ -34,7 +35,7 @@ inline at::Tensor widened(const at::Tensor& t) {
 inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   if (dt == at::kFloat) return y;
   if (y.numel() >= kAtenConvertFrom) return y.to(dt);
-  at::Tensor out = at::empty(y.sizes(), y.options().dtype(dt));
+  at::Tensor out = pooled_empty(y.sizes(), dt);
   const float* s = y.data_ptr<float>();
   c10::BFloat16* d = out.data_ptr<c10::BFloat16>();
   for (int64_t i = 0, n = y.numel(); i < n; ++i) d[i] = c10::BFloat16(s[i]);

@@ -7,7 +7,6 @@
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
 #include "cpu/parallel.h"
+#include "cpu/pooled.h"
 
 namespace rwkv {
 namespace cpu {
@@ -30,8 +30,8 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
   const LnMixDims d = check_ln_mix(x, sx, w, b, mix);
   const at::Tensor xc = widened(x), sxc = widened(sx), wc = w.contiguous(),
                    bc = b.contiguous(), mc = mix.contiguous();
-  at::Tensor xx = at::empty({d.T, d.C}, xc.options());
-  at::Tensor out = at::empty({d.n, d.T, d.C}, xc.options());
+  at::Tensor xx = pooled_empty({d.T, d.C}, at::kFloat);
+  at::Tensor out = pooled_empty({d.n, d.T, d.C}, at::kFloat);
   const KernelTable& kt = kernels();
   const float* xp = xc.data_ptr<float>();
   float* xxp = xx.data_ptr<float>();
@@ -59,7 +59,7 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
   const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa);
   const at::Tensor xc = widened(xx), sxc = widened(sx), zc = widened(z), wc = w2.contiguous(),
                    mc = maa.contiguous();
-  at::Tensor out = at::empty({d.n, d.T, d.C}, xc.options());
+  at::Tensor out = pooled_empty({d.n, d.T, d.C}, at::kFloat);
   // tanh(z) once (T*n*D values), before the threads share it.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
   const float* zp = zc.data_ptr<float>();

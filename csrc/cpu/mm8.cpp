@@ -23,6 +23,7 @@
 #include "cpu/float_io.h"
 #include "cpu/mm8_prepare.h"
 #include "cpu/parallel.h"
+#include "cpu/pooled.h"
 
 namespace rwkv {
 namespace cpu {
@@ -149,8 +150,8 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
   thread_local Scratch one_token_buf;
   float* buf = seq ? nullptr : one_token_buf.get<float>(mm8_one_token_floats(d.N));
   const Mm8Prepared p = mm8_prepare(d, seq, x, w, mx, rx, my, ry, buf);
-  at::Tensor y = at::empty(seq ? std::vector<int64_t>{p.T, p.M} : one_row_shape(x, p.M),
-                           p.x32.options());
+  at::Tensor y = pooled_empty(seq ? std::vector<int64_t>{p.T, p.M} : one_row_shape(x, p.M),
+                              at::kFloat);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (seq && p.T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
     mm8_tiled(p.xs_t, p.q, p.sums_t, p.rx32, p.mx32, bf16, y);

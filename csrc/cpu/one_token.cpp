@@ -11,7 +11,6 @@
 // (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h,
 // kernels/mm8.h.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <array>
@@ -24,6 +23,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/mm8_prepare.h"
 #include "cpu/parallel.h"
+#include "cpu/pooled.h"
 
 namespace rwkv {
 namespace cpu {
@@ -106,7 +106,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
     Product& pr = prs[i];
     // (Only when needed: a no-op .to() still costs a dispatch per product.)
     pr.x32 = fp32(*pr.x);
-    pr.y = at::empty(one_row_shape(*pr.x, pr.M), pr.x32.options());
+    pr.y = pooled_empty(one_row_shape(*pr.x, pr.M), at::kFloat);
     const int64_t K = pr.K();
     const float* x = pr.x32.data_ptr<float>();
     const char* w = static_cast<const char*>(pr.w->data_ptr());

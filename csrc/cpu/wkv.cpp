@@ -5,7 +5,6 @@
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
+#include "cpu/pooled.h"
 
 namespace rwkv {
 namespace cpu {
@@ -30,7 +30,7 @@ at::Tensor wkv4_forward(const at::Tensor& w, const at::Tensor& u, const at::Tens
   const Wkv4Dims d = check_wkv4(w, u, k, v, aa, bb, pp);
   const at::Tensor wc = w.contiguous(), uc = u.contiguous(), kc = k.contiguous(),
                    vc = v.contiguous();
-  at::Tensor y = at::empty({d.T, d.C}, k.options());
+  at::Tensor y = pooled_empty({d.T, d.C}, at::kFloat);
   const KernelTable& kt = kernels();
   // Blocks of 16 channels keep every task's range a multiple of any register width.
   constexpr int64_t kBlock = 16;
@@ -49,7 +49,7 @@ at::Tensor wkv56_forward(const char* op, bool w_per_token, at::Tensor& state,
   const WkvDims d = check_wkv56(op, w_per_token, state, r, k, v, w, u);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
                    wc = w.contiguous(), uc = u.contiguous();
-  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
+  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
   const KernelTable& kt = kernels();
   const int64_t w_step = w_per_token ? d.H * d.N : 0;
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
@@ -75,7 +75,7 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   const WkvDims d = check_wkv7(state, r, w, k, v, a, b);
   const at::Tensor rc = r.contiguous(), wc = w.contiguous(), kc = k.contiguous(),
                    vc = v.contiguous(), ac = a.contiguous(), bc = b.contiguous();
-  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
+  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(), in(rc), in(wc), in(kc), in(vc),
@@ -90,8 +90,8 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
                    wc = w.contiguous(), gc = widened(g);
-  at::Tensor y = at::empty({d.T, d.H * d.N}, r.options());
-  at::Tensor scratch = at::empty({d.H, d.N}, r.options());
+  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
+  at::Tensor scratch = pooled_empty({d.H, d.N}, at::kFloat);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
@@ -115,8 +115,8 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
     vf = widened(*v_first);
     vg = widened(*v_gate);
   }
-  at::Tensor y = at::empty({d.T, d.H * d.N}, rc.options());
-  at::Tensor scratch = at::empty({d.H, 6 * d.N}, rc.options());
+  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
+  at::Tensor scratch = pooled_empty({d.H, 6 * d.N}, at::kFloat);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),

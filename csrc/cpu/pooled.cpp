@@ -1,0 +1,93 @@
+// The block pool behind pooled_empty (cpu/pooled.h says why). Blocks carry a 64-byte header
+// holding their size, so the deleter knows where a freed block belongs; data starts 64-byte
+// aligned, as at::empty's does. Freed blocks are kept up to kMaxKept bytes in all and
+// kMaxPerSize blocks of one size; beyond that, and for blocks over kMaxBlock bytes, memory goes
+// back to malloc.
+#include "cpu/pooled.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+namespace rwkv {
+namespace cpu {
+namespace {
+
+constexpr size_t kHeader = 64;
+constexpr size_t kMaxBlock = size_t{4} << 20;
+constexpr size_t kMaxKept = size_t{64} << 20;
+constexpr size_t kMaxPerSize = 64;
+
+class BlockPool final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const size_t size = (n + 63) / 64 * 64;
+    void* block = take(size);
+    if (block == nullptr) {
+      block = std::aligned_alloc(64, kHeader + size);
+      if (block == nullptr) throw std::bad_alloc();
+      *static_cast<size_t*>(block) = size;
+    }
+    void* data = static_cast<char*>(block) + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  static BlockPool& instance() {
+    static BlockPool* pool = new BlockPool();  // never destroyed: blocks may be freed at exit
+    return *pool;
+  }
+
+ private:
+  void* take(size_t size) {
+    if (size > kMaxBlock) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* block = it->second.back();
+    it->second.pop_back();
+    kept_ -= size;
+    return block;
+  }
+
+  static void release(void* data) {
+    void* block = static_cast<char*>(data) - kHeader;
+    const size_t size = *static_cast<size_t*>(block);
+    if (!instance().keep(block, size)) std::free(block);
+  }
+
+  bool keep(void* block, size_t size) {
+    if (size > kMaxBlock) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<void*>& blocks = free_[size];
+    if (kept_ + size > kMaxKept || blocks.size() >= kMaxPerSize) return false;
+    blocks.push_back(block);
+    kept_ += size;
+    return true;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;  // by size, most recently freed last
+  size_t kept_ = 0;
+};
+
+}  // namespace
+
+at::Tensor pooled_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, &BlockPool::instance(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                   std::nullopt);
+}
+
+}  // namespace cpu
+}  // namespace rwkv

@@ -1,0 +1,56 @@
+"""The CPU ops' outputs come from a pool of reused blocks (csrc/cpu/pooled.cpp). A block must
+never back two live tensors, a freed block must come back with the right values written, and
+the tensors must behave as any CPU tensor (resizable, freed from any thread)."""
+
+import threading
+
+import torch
+from ops_testlib import compiled_or_skip, uniform
+
+from rwkv.ops import reference as ref
+
+
+def test_live_outputs_never_share_memory(rng):
+    fn = compiled_or_skip("linear_one")
+    w = uniform((256, 300), rng).t().contiguous().t()
+    xs = [uniform((1, 256), rng) for _ in range(40)]
+    kept, expected = [], []
+    for i, x in enumerate(xs):
+        y = fn(x, w)
+        torch.testing.assert_close(y, ref.linear_one(x, w), rtol=1e-5, atol=1e-5)
+        if i % 3 == 0:  # some outputs stay alive while others are freed and their blocks reused
+            kept.append(y)
+            expected.append(y.clone())
+    assert len({y.data_ptr() for y in kept}) == len(kept)
+    for y, e in zip(kept, expected):
+        assert torch.equal(y, e)
+
+
+def test_reused_blocks_hold_each_calls_values(rng):
+    fn = compiled_or_skip("ln_mix")
+    C, n = 96, 3
+    w, b, mix = uniform((C,), rng), uniform((C,), rng), uniform((n, C), rng, 0, 1)
+    for _ in range(30):  # each result is freed before the next call, which takes its blocks
+        x, sx = uniform((1, C), rng), uniform((C,), rng)
+        xx, mixed = fn(x, sx, w, b, mix, False, 1e-5)
+        exx, emixed = ref.ln_mix(x, sx, w, b, mix, False, 1e-5)
+        torch.testing.assert_close(xx, exx, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mixed, emixed, rtol=1e-5, atol=1e-5)
+
+
+def test_outputs_resize_and_free_from_another_thread(rng):
+    fn = compiled_or_skip("linear_one")
+    w = uniform((128, 64), rng).t().contiguous().t()
+    x = uniform((1, 128), rng)
+    y = fn(x, w)
+    y.resize_(4, 1000)  # the storage grows through the pool's allocator
+    y.fill_(2.0)
+    assert float(y.sum()) == 8000.0
+    outs = [fn(x, w) for _ in range(20)]
+    worker = threading.Thread(target=outs.clear)  # the blocks go back to the pool from there
+    worker.start()
+    worker.join()
+    assert not outs
+    del y
+    for _ in range(5):
+        torch.testing.assert_close(fn(x, w), ref.linear_one(x, w), rtol=1e-5, atol=1e-5)
