@@ -22,6 +22,7 @@ bool parse_isa(const std::string& s, Isa* out) {
   else if (s == "avx2") *out = Isa::avx2;
   else if (s == "avx512") *out = Isa::avx512;
   else if (s == "avx512vnni") *out = Isa::avx512vnni;
+  else if (s == "avx512bf16") *out = Isa::avx512bf16;
   else return false;
   return true;
 }
@@ -33,7 +34,8 @@ Isa detect() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    return __builtin_cpu_supports("avx512vnni") ? Isa::avx512vnni : Isa::avx512;
+    if (!__builtin_cpu_supports("avx512vnni")) return Isa::avx512;
+    return __builtin_cpu_supports("avx512bf16") ? Isa::avx512bf16 : Isa::avx512vnni;
   }
   if (avx2) return Isa::avx2;
 #endif
@@ -48,7 +50,7 @@ Isa automatic_isa() {
     if (env != nullptr && *env != '\0') {
       Isa cap;
       if (!parse_isa(env, &cap)) {
-        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512 or avx512vnni, got '", env,
+        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, got '", env,
                    "'; ignoring it");
       } else if (static_cast<int>(cap) < static_cast<int>(chosen)) {
         chosen = cap;
@@ -60,13 +62,14 @@ Isa automatic_isa() {
 }
 
 struct Tables {
-  KernelTable row[4] = {};
+  KernelTable row[5] = {};
   Tables() {
     scalar::fill_kernel_table(&row[0]);
 #if defined(RWKV_HAVE_X86_ISAS)
     avx2::fill_kernel_table(&row[1]);
     avx512::fill_kernel_table(&row[2]);
     avx512vnni::fill_kernel_table(&row[3]);
+    avx512bf16::fill_kernel_table(&row[4]);
 #endif
   }
 };
@@ -130,7 +133,8 @@ std::string set_cpu_isa_op(std::string isa) {
   }
   Isa wanted;
   TORCH_CHECK(parse_isa(isa, &wanted),
-              "_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni or empty, got '", isa,
+              "_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni, avx512bf16 or empty, got '",
+              isa,
               "'");
   TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected_isa()), "_set_cpu_isa: isa ",
               isa, " is not supported by this CPU/OS or build, got highest ",
@@ -143,6 +147,7 @@ std::string set_cpu_isa_op(std::string isa) {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::avx512bf16: return "avx512bf16";
     case Isa::avx512vnni: return "avx512vnni";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";

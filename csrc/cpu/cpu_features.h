@@ -1,5 +1,5 @@
 // Which CPU instruction set the kernels use: the highest of scalar < avx2 < avx512 < avx512vnni
-// that both the CPU and the OS support, capped by the RWKV_CPU_ISA environment variable (read
+// < avx512bf16 that both the CPU and the OS support, capped by the RWKV_CPU_ISA environment variable (read
 // when first needed; an invalid value warns and is ignored), or forced by the test hook
 // rwkv::_set_cpu_isa.
 #pragma once
@@ -9,7 +9,7 @@
 namespace rwkv {
 namespace cpu {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512vnni = 3 };
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512vnni = 3, avx512bf16 = 4 };
 
 const char* isa_name(Isa isa);
 

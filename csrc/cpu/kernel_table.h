@@ -74,6 +74,10 @@ struct KernelTable {
                           float* y, bool sequential);
   void (*linear_one_f32)(int64_t N, int64_t m0, int64_t m1, const float* x, const float* w,
                          float* y, bool sequential);
+  // linear_one with bf16 weights and the activation x [N] in bf16 as well (not widened), on
+  // ISAs with bf16 dot products (avx512bf16); nullptr elsewhere.
+  void (*linear_one_bf16x)(int64_t N, int64_t m0, int64_t m1, const uint16_t* x,
+                           const uint16_t* w, float* y, bool sequential);
   // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);
@@ -95,6 +99,7 @@ namespace scalar { void fill_kernel_table(KernelTable* table); }
 namespace avx2 { void fill_kernel_table(KernelTable* table); }
 namespace avx512 { void fill_kernel_table(KernelTable* table); }
 namespace avx512vnni { void fill_kernel_table(KernelTable* table); }
+namespace avx512bf16 { void fill_kernel_table(KernelTable* table); }
 #endif
 
 }  // namespace cpu

@@ -42,7 +42,8 @@ struct Product {
   const at::Tensor* side;  // int8: mx, rx, my, ry in a row; dense: nullptr
   Act act;
   int64_t N = 0, M = 0, S = 1;
-  at::Tensor x32, y;              // x in fp32; y fp32, [M] or [1, M] as x
+  at::Tensor x32, y;              // x in fp32 (unless xb is used); y fp32, [M] or [1, M] as x
+  at::Tensor xb;                  // bf16 weights on ISAs with bf16 dots: x itself, contiguous
   at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
   bool int8() const { return side != nullptr; }
@@ -55,6 +56,7 @@ struct Part {
   int64_t K = 0;            // rows
   const void* w = nullptr;  // column m at w + m*K elements
   const float* x = nullptr;  // dense: its K values of x in fp32
+  const uint16_t* xb = nullptr;  // or in bf16 (linear_one_bf16x)
   float* y = nullptr;       // its fp32 result [M]: the product's y, or scratch to be summed
   float* xs = nullptr;      // int8: xs [K] and, at xs + mm8_one_token_floats(K) - 16, its sums
   int16_t* xq = nullptr;
@@ -104,11 +106,20 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
   parts.reserve(n_parts);
   for (size_t i = 0; i < prs.size(); ++i) {
     Product& pr = prs[i];
-    // (Only when needed: a no-op .to() still costs a dispatch per product.)
-    pr.x32 = fp32(*pr.x);
+    // bf16 weights (and so bf16 x) on an ISA with bf16 dots: x as it is; otherwise fp32.
+    const bool bf16x = kt.linear_one_bf16x != nullptr && !pr.int8() &&
+                       pr.w->scalar_type() == at::kBFloat16;
+    const float* x = nullptr;
+    const uint16_t* xb = nullptr;
+    if (bf16x) {
+      pr.xb = pr.x->contiguous();
+      xb = reinterpret_cast<const uint16_t*>(pr.xb.data_ptr<at::BFloat16>());
+    } else {
+      pr.x32 = fp32(*pr.x);
+      x = pr.x32.data_ptr<float>();
+    }
     pr.y = pooled_empty(one_row_shape(*pr.x, pr.M), at::kFloat);
     const int64_t K = pr.K();
-    const float* x = pr.x32.data_ptr<float>();
     const char* w = static_cast<const char*>(pr.w->data_ptr());
     const int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
     if (pr.int8()) {
@@ -127,7 +138,11 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       pt.product = i;
       pt.K = K;
       pt.w = w + s * slab_bytes;
-      pt.x = x + s * K;
+      if (bf16x) {
+        pt.xb = xb + s * K;
+      } else {
+        pt.x = x + s * K;
+      }
       if (s == 0) {
         pt.y = pr.y.data_ptr<float>();
       } else {
@@ -173,6 +188,9 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       }
     } else if (pr.w->scalar_type() == at::kFloat) {
       kt.linear_one_f32(pt.K, m0, m1, pt.x, static_cast<const float*>(pt.w), pt.y, sequential);
+    } else if (pt.xb != nullptr) {
+      kt.linear_one_bf16x(pt.K, m0, m1, pt.xb, static_cast<const uint16_t*>(pt.w), pt.y,
+                          sequential);
     } else {
       kt.linear_one_bf16(pt.K, m0, m1, pt.x, static_cast<const uint16_t*>(pt.w), pt.y,
                          sequential);

@@ -133,9 +133,9 @@ def resolve(name: str, device_type, mode: str = "auto") -> Callable:
 
 
 def cpu_isa() -> str:
-    """The instruction set the CPU kernels use now (scalar, avx2, avx512, avx512vnni), or
-    "none" without compiled CPU kernels. ``RWKV_CPU_ISA=scalar|avx2|avx512|avx512vnni`` caps the
-    automatic choice."""
+    """The instruction set the CPU kernels use now (scalar, avx2, avx512, avx512vnni,
+    avx512bf16), or "none" without compiled CPU kernels.
+    ``RWKV_CPU_ISA=scalar|avx2|avx512|avx512vnni|avx512bf16`` caps the automatic choice."""
     _load()
     if not has_kernel("_cpu_isa", "CompositeExplicitAutograd"):
         return "none"

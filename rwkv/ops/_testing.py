@@ -7,7 +7,7 @@ from typing import Iterator, List
 
 from . import _backend
 
-ISAS = ("scalar", "avx2", "avx512", "avx512vnni")
+ISAS = ("scalar", "avx2", "avx512", "avx512vnni", "avx512bf16")
 READ_ORDERS = ("sequential", "pairs")
 
 

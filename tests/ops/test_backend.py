@@ -74,13 +74,13 @@ def test_force_cpu_isa_restores_previous(cpu_isa):
 
 def test_force_cpu_isa_rejects_bad_names():
     with pytest.raises(ValueError,
-                       match="force_cpu_isa: isa must be one of scalar, avx2, avx512, avx512vnni"):
+                       match="force_cpu_isa: isa must be one of scalar, avx2, avx512, avx512vnni, avx512bf16"):
         with _testing.force_cpu_isa("sse9"):
             pass
     if not has_compiled("wkv7_forward", "cpu"):
         pytest.skip("no compiled CPU kernels")
     with pytest.raises(RuntimeError,
-                       match="_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni or empty"):
+                       match="_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni, avx512bf16 or empty"):
         torch.ops.rwkv._set_cpu_isa("neon")
     supported = _testing.supported_cpu_isas()
     for isa in _testing.ISAS:
@@ -144,7 +144,7 @@ def test_env_caps_the_isa_and_ignores_invalid_values():
     assert out.stdout.strip() == "scalar"
     out = run_python("import rwkv.ops as o; print(o.cpu_isa())", RWKV_CPU_ISA="sse9")
     assert out.stdout.strip() == _backend.cpu_isa() or out.stdout.strip() in _testing.ISAS
-    assert "RWKV_CPU_ISA must be scalar, avx2, avx512 or avx512vnni, got 'sse9'" in out.stderr
+    assert "RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, got 'sse9'" in out.stderr
 
 
 def test_reference_only_when_extension_is_missing():

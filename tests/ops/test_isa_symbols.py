@@ -22,7 +22,7 @@ def _mangled_namespace(isa: str) -> str:
 
 def test_every_isa_file_is_checked():
     names = {p.stem for p in ISA_SOURCES}
-    assert {"isa_scalar", "isa_avx2", "isa_avx512", "isa_avx512vnni"} <= names, names
+    assert {"isa_scalar", "isa_avx2", "isa_avx512", "isa_avx512vnni", "isa_avx512bf16"} <= names, names
 
 
 @pytest.mark.parametrize("source", ISA_SOURCES, ids=lambda p: p.stem)

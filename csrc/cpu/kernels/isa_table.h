@@ -43,6 +43,11 @@ void fill_kernel_table(KernelTable* table) {
   table->mm8_tile_bf16 = &mm8_tile_bf16<V>;
   table->linear_one_bf16 = &linear_one<V, uint16_t>;
   table->linear_one_f32 = &linear_one<V, float>;
+  if constexpr (HasBf16Dot<V>::value) {
+    table->linear_one_bf16x = &linear_one_bf16x<V>;
+  } else {
+    table->linear_one_bf16x = nullptr;
+  }
 }
 
 }  // namespace RWKV_ISA

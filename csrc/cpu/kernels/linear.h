@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/kernels/vec_scalar.h"
 
@@ -46,6 +47,23 @@ void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, f
     for (; m + 4 <= m1; m += 4) linear_columns<V, 4>(N, m, x, w, y);
   for (; m < m1; ++m) linear_columns<V, 1>(N, m, x, w, y);
 }
+
+// linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
+// (V::bf16_columns): the same column orders as above.
+template <class V>
+void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, const uint16_t* w,
+                      float* y, bool sequential) {
+  int64_t m = m0;
+  if (!sequential)
+    for (; m + 4 <= m1; m += 4) V::template bf16_columns<4>(N, m, x, w, y);
+  for (; m < m1; ++m) V::template bf16_columns<1>(N, m, x, w, y);
+}
+
+// Whether the Vec policy V has bf16 dot products (V::bf16_columns).
+template <class V, class = void>
+struct HasBf16Dot : std::false_type {};
+template <class V>
+struct HasBf16Dot<V, std::void_t<decltype(&V::template bf16_columns<1>)>> : std::true_type {};
 
 }  // namespace RWKV_ISA
 }  // namespace cpu

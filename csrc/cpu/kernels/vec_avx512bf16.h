@@ -1,0 +1,67 @@
+// Vec policy for AVX-512 with VNNI and BF16: VecAvx512Vnni plus linear_one's bf16 x bf16 dot
+// (vdpbf16ps). Include only from isa_avx512bf16.cpp, after its `#pragma GCC target`.
+//
+// With bf16 weights the activation is bf16 too (linear_one takes both in one dtype), so the
+// kernel reads x as it is: per 32 weights one load of w, one of x and one vdpbf16ps, which adds
+// the two products of each pair of bf16 values to one fp32 lane (each product exact in fp32,
+// each addition rounded to nearest even, as an FMA would). avx512 widens each weight to fp32 and
+// multiplies in fp32, three times the instructions; it was the limit of `cpu bf16` decode where
+// memory is fast (RESULTS.md). The sums differ from avx512's in their order (fp32-accurate
+// either way), and vdpbf16ps treats subnormal inputs and results as zero.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/kernels/vec_avx512vnni.h"
+
+namespace rwkv {
+namespace cpu {
+namespace RWKV_ISA {
+
+struct VecAvx512Bf16 : VecAvx512Vnni {
+  // y[m + b] = x . w[:, m + b] for b < B, x and w bf16, N elements per column (column m at
+  // w + m*N). Each column sums in two fp32 accumulators, 32 values each per step of 64 (one
+  // would bound the loop by the instruction's latency; four, or steps of 128, read memory
+  // slower: RESULTS.md), then a last block of 32 into the first and the tail, by masked loads
+  // (no element past N is read), into the next; then the two added: the same order for every B,
+  // so the read orders give the same bits.
+  template <int B>
+  static void bf16_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w, float* y) {
+    const uint16_t* col[B];
+    __m512 acc[B][2];
+    for (int b = 0; b < B; ++b) {
+      col[b] = w + (m + b) * N;
+      acc[b][0] = acc[b][1] = _mm512_setzero_ps();
+    }
+    const auto add = [&](int k, __m512bh xv, int64_t n) {
+      for (int b = 0; b < B; ++b)
+        acc[b][k] = _mm512_dpbf16_ps(acc[b][k], xv, (__m512bh)_mm512_loadu_si512(col[b] + n));
+    };
+    int64_t n = 0;
+    for (; n + 64 <= N; n += 64) {
+      add(0, (__m512bh)_mm512_loadu_si512(x + n), n);
+      add(1, (__m512bh)_mm512_loadu_si512(x + n + 32), n + 32);
+    }
+    int k = 0;
+    if (n + 32 <= N) {
+      add(0, (__m512bh)_mm512_loadu_si512(x + n), n);
+      n += 32;
+      k = 1;
+    }
+    if (n < N) {
+      const __mmask32 mask = _cvtu32_mask32((1u << (N - n)) - 1);
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + n);
+      for (int b = 0; b < B; ++b)
+        acc[b][k] = _mm512_dpbf16_ps(acc[b][k], xv,
+                                     (__m512bh)_mm512_maskz_loadu_epi16(mask, col[b] + n));
+    }
+    for (int b = 0; b < B; ++b)
+      y[m + b] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
+  }
+};
+
+}  // namespace RWKV_ISA
+}  // namespace cpu
+}  // namespace rwkv
