@@ -8,10 +8,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
+#include "cpu/mm8_prepare.h"
 #include "cpu/pooled.h"
 
 namespace rwkv {
@@ -108,22 +110,42 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps,
                       const c10::optional<at::Tensor>& state_in) {
   const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in);
-  const at::Tensor rc = widened(r), wc = widened(w), kc = widened(k), vc = widened(v),
-                   ac = widened(a), gc = widened(g);
-  at::Tensor vf, vg;
-  if (v_first.has_value()) {
-    vf = widened(*v_first);
-    vg = widened(*v_gate);
+  const int64_t C = d.H * d.N, n = d.T * C;
+  // The activations in fp32 (r, w, k, v, a, g, then v_first and v_gate) and the kernel's
+  // scratch [H, 6N]: for one token in this thread's buffer (bf16 inputs widened into it, fp32
+  // ones read in place), for sequences as tensors.
+  std::vector<at::Tensor> held;
+  float* buf = nullptr;
+  if (d.T == 1) {
+    thread_local Scratch one_token;
+    buf = one_token.get<float>(8 * n + 6 * C);
   }
-  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
-  at::Tensor scratch = pooled_empty({d.H, 6 * d.N}, at::kFloat);
+  const auto values = [&](const at::Tensor& t, int slot) -> const float* {
+    if (buf != nullptr) return fp32_values(t, buf + slot * n);
+    held.push_back(widened(t));
+    return held.back().data_ptr<float>();
+  };
+  held.reserve(8);
+  const float *rp = values(r, 0), *wp = values(w, 1), *kp = values(k, 2), *vp = values(v, 3),
+              *ap = values(a, 4), *gp = values(g, 5);
+  const float *vfp = nullptr, *vgp = nullptr;
+  if (v_first.has_value()) {
+    vfp = values(*v_first, 6);
+    vgp = values(*v_gate, 7);
+  }
+  at::Tensor y = pooled_empty({d.T, C}, at::kFloat);
+  at::Tensor scratch_t;
+  float* scratch = buf != nullptr ? buf + 8 * n : nullptr;
+  if (scratch == nullptr) {
+    scratch_t = pooled_empty({d.H, 6 * d.N}, at::kFloat);
+    scratch = scratch_t.data_ptr<float>();
+  }
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
-                  state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(wc), in(kc), in(vc),
-                  in(ac), in(gc), vf.defined() ? in(vf) : nullptr,
-                  vf.defined() ? in(vg) : nullptr, in(p), static_cast<float>(eps),
-                  scratch.data_ptr<float>() + h0 * 6 * d.N, y.data_ptr<float>());
+                  state_in.has_value() ? in(*state_in) : nullptr, rp, wp, kp, vp, ap, gp, vfp,
+                  vgp, in(p), static_cast<float>(eps), scratch + h0 * 6 * d.N,
+                  y.data_ptr<float>());
   });
   return narrowed(y, r.scalar_type());
 }
