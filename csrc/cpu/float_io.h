@@ -43,18 +43,20 @@ inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
 }
 
 // t's values in fp32 for a kernel that only reads them: t's own memory when it is contiguous
-// fp32 (valid while t lives), else its values converted into buf (t.numel() floats). For one
-// token's activations, where a widened() tensor per input costs more than the copy.
+// fp32 (valid while t lives), else its values converted into buf (t.numel() floats; bf16 by a
+// plain loop, other dtypes through ATen). For one token's activations, where a widened() tensor
+// per input costs more than the copy.
 inline const float* fp32_values(const at::Tensor& t, float* buf) {
   if (t.scalar_type() == at::kFloat && t.is_contiguous()) return t.data_ptr<float>();
-  const at::Tensor src = t.contiguous();
-  const int64_t n = src.numel();
-  if (src.scalar_type() == at::kFloat) {
-    const float* s = src.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) buf[i] = s[i];
-  } else {
+  const int64_t n = t.numel();
+  if (t.scalar_type() == at::kBFloat16) {
+    const at::Tensor src = t.contiguous();
     const c10::BFloat16* s = src.data_ptr<c10::BFloat16>();
     for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(s[i]);
+  } else {  // fp32 with strides, or another dtype (fp16): ATen's conversion, then a copy
+    const at::Tensor src = t.to(at::kFloat).contiguous();
+    const float* s = src.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) buf[i] = s[i];
   }
   return buf;
 }

@@ -21,6 +21,7 @@
 #include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
+#include "cpu/float_io.h"
 #include "cpu/mm8_prepare.h"
 #include "cpu/parallel.h"
 #include "cpu/pooled.h"
@@ -42,7 +43,7 @@ struct Product {
   const at::Tensor* side;  // int8: mx, rx, my, ry in a row; dense: nullptr
   Act act;
   int64_t N = 0, M = 0, S = 1;
-  at::Tensor x32, y;              // x in fp32 (unless xb is used); y fp32, [M] or [1, M] as x
+  at::Tensor y;                   // fp32, [M] or [1, M] as x
   at::Tensor xb;                  // bf16 weights on ISAs with bf16 dots: x itself, contiguous
   at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
@@ -86,13 +87,13 @@ void check_product(const char* op, Product& pr, bool slabs = false) {
 // Prepares checked products (the serial part), then computes every output column, threaded.
 // Returns each y in its x's dtype.
 std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
-  // This thread's scratch: int8 parts' xs and sums, their int16 rounding of xs, and the results
-  // of slabs after the first.
+  // This thread's scratch: each x in fp32 (where it is not contiguous fp32 already), int8 parts'
+  // xs and sums, their int16 rounding of xs, and the results of slabs after the first.
   int64_t floats = 0, shorts = 0;
   size_t n_parts = 0;
   for (const Product& pr : prs) {
     n_parts += pr.S;
-    floats += (pr.S - 1) * pr.M;
+    floats += pr.N + (pr.S - 1) * pr.M;
     if (pr.int8()) {
       floats += pr.S * mm8_one_token_floats(pr.K());
       shorts += pr.S * padded(pr.K());
@@ -115,8 +116,8 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       pr.xb = pr.x->contiguous();
       xb = reinterpret_cast<const uint16_t*>(pr.xb.data_ptr<at::BFloat16>());
     } else {
-      pr.x32 = fp32(*pr.x);
-      x = pr.x32.data_ptr<float>();
+      x = fp32_values(*pr.x, fp);
+      fp += pr.N;
     }
     pr.y = pooled_empty(one_row_shape(*pr.x, pr.M), at::kFloat);
     const int64_t K = pr.K();
