@@ -19,18 +19,6 @@ namespace cpu {
 // Below this many values, the plain loop.
 constexpr int64_t kAtenConvertFrom = 1 << 15;
 
-// t's values as a contiguous fp32 tensor: t itself (made contiguous) when it is fp32.
-inline at::Tensor widened(const at::Tensor& t) {
-  if (t.scalar_type() == at::kFloat) return t.contiguous();
-  if (t.numel() >= kAtenConvertFrom) return t.to(at::kFloat).contiguous();
-  const at::Tensor src = t.contiguous();
-  at::Tensor out = pooled_empty(src.sizes(), at::kFloat);
-  const c10::BFloat16* s = src.data_ptr<c10::BFloat16>();
-  float* d = out.data_ptr<float>();
-  for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = static_cast<float>(s[i]);
-  return out;
-}
-
 // y (contiguous fp32) in dtype dt: y itself when dt is fp32, else its values rounded to bf16.
 inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   if (dt == at::kFloat) return y;
@@ -59,6 +47,15 @@ inline const float* fp32_values(const at::Tensor& t, float* buf) {
     for (int64_t i = 0; i < n; ++i) buf[i] = s[i];
   }
   return buf;
+}
+
+// t's values as a contiguous fp32 tensor: t itself (made contiguous) when it is fp32.
+inline at::Tensor widened(const at::Tensor& t) {
+  if (t.scalar_type() == at::kFloat) return t.contiguous();
+  if (t.numel() >= kAtenConvertFrom) return t.to(at::kFloat).contiguous();
+  at::Tensor out = pooled_empty(t.sizes(), at::kFloat);
+  fp32_values(t, out.data_ptr<float>());
+  return out;
 }
 
 }  // namespace cpu

@@ -125,7 +125,6 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
     held.push_back(widened(t));
     return held.back().data_ptr<float>();
   };
-  held.reserve(8);
   const float *rp = values(r, 0), *wp = values(w, 1), *kp = values(k, 2), *vp = values(v, 3),
               *ap = values(a, 4), *gp = values(g, 5);
   const float *vfp = nullptr, *vgp = nullptr;
