@@ -1,7 +1,8 @@
 // ATen glue for the WKV recurrences on CPU (wkv4_forward, wkv5_forward, wkv6_forward,
-// wkv7_forward, wkv6_block, wkv7_block): the shared input checks (common/op_checks.h), at::parallel_for over independent
-// channels or heads, then the kernel row of the active instruction set (cpu_features.h). The
-// block ops' activations may be fp32 or bf16 (cpu/float_io.h): their kernels compute in fp32.
+// wkv7_forward, wkv6_block, wkv7_block; and pooled_empty_like, the block ops' new states): the
+// shared input checks (common/op_checks.h), at::parallel_for over independent channels or heads,
+// then the kernel row of the active instruction set (cpu_features.h). The block ops' activations
+// may be fp32 or bf16 (cpu/float_io.h): their kernels compute in fp32.
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -149,6 +150,10 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   return narrowed(y, r.scalar_type());
 }
 
+// The new matrix state a block op writes (the schema's comment, rwkv/ops/_schemas.py): memory
+// from the block pool.
+at::Tensor pooled_empty_like(const at::Tensor& t) { return pooled_empty(t.sizes(), t.scalar_type()); }
+
 }  // namespace
 }  // namespace cpu
 }  // namespace rwkv
@@ -160,4 +165,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("wkv7_forward", &rwkv::cpu::wkv7_forward);
   m.impl("wkv6_block", &rwkv::cpu::wkv6_block);
   m.impl("wkv7_block", &rwkv::cpu::wkv7_block);
+  m.impl("pooled_empty_like", &rwkv::cpu::pooled_empty_like);
 }

@@ -6,7 +6,8 @@ import torch
 
 from .. import ops
 from ..ops.reference import group_norm, maa_mix_math, wkv6_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, stacked_mixes
+from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, stacked_mixes,
+                     state_buffer)
 
 
 class TimeMixV5:
@@ -91,6 +92,7 @@ class TimeMixV6(TimeMixV5):
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
         self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
         self.block = fused_op("wkv6_block", dd, mode)
+        self.state_buffer = state_buffer(self.block, dd)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
@@ -110,7 +112,7 @@ class TimeMixV6(TimeMixV5):
 
     def _block(self, S_old, r, k, v, g, w, dtype):
         if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
-            S = torch.empty_like(S_old)
+            S = self.state_buffer(S_old)
             return self.block(S, r, k, v, w, g, self.block_params, GROUP_NORM_EPS, S_old), S
         S = S_old.clone()
         return wkv6_block_math(self.wkv, S, r, k, v, w, g, self.params, GROUP_NORM_EPS), S

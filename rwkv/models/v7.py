@@ -6,7 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, moved
+from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, moved, state_buffer
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -46,6 +46,7 @@ class TimeMixV7:
         self.first_products, self.second_products = ProjectionGroup(first, mode), ProjectionGroup(second, mode)
         self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
         self.block = fused_op("wkv7_block", dd, mode)
+        self.state_buffer = state_buffer(self.block, dd)
         if self.block is not None:
             self.block_params = self.params.float()  # the op's p: fp32 (bf16 rows widened, exactly)
 
@@ -61,7 +62,7 @@ class TimeMixV7:
             v_first = vf = moved(v_first, v.dtype, v.device)
             v_gate = v2[0]
         if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
-            S = torch.empty_like(S_old)
+            S = self.state_buffer(S_old)
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS, S_old)
         else:
             S = S_old.clone()

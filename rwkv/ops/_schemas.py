@@ -101,6 +101,18 @@ def _wkv7_block_fake(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in=
     return r.new_empty((T, H * N))
 
 
+# The output buffer of a wkv6_block/wkv7_block call that starts from state_in (the new matrix
+# state): an uninitialized contiguous tensor of t's shape and dtype. On CPU its memory comes from
+# the block pool of the ops' outputs (docs/kernels.md), so a token's 24-64 states of 0.5-1 MB
+# reuse the blocks the previous token's states freed instead of going through malloc.
+_define("pooled_empty_like", "(Tensor t) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::pooled_empty_like")
+def _pooled_empty_like_fake(t):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 # The start of each half of every block (docs/kernels.md): x [T, C] and sx (the shift state)
 # [C], fp32 or both bf16 (the activation dtype); w, b (the layer norm's) [C] and mix [n, C] fp32;
 # lerp: the RWKV-4/5 form, else RWKV-6/7's. Computes in fp32. Returns, in x's dtype,
@@ -227,4 +239,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
-       "linear_one_group", "linear_one_slabs")
+       "linear_one_group", "linear_one_slabs", "pooled_empty_like")

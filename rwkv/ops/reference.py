@@ -270,6 +270,12 @@ def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in=None):
     return wkv7_block_math(wkv7_forward, state, *acts, p.unbind(0), eps).to(r.dtype)
 
 
+def pooled_empty_like(t):
+    """An uninitialized contiguous tensor of t's shape, dtype and device (the compiled CPU op takes
+    its memory from the ops' block pool; the values are unspecified either way)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def ln_mix(x, sx, w, b, mix, lerp, eps):
     """Layer norm, token shift and mixes (ln_mix_math). x [T, C] and sx [C] fp32 or both bf16;
     w, b [C], mix [n, C] fp32; lerp picks the form. Computes in fp32; returns (xx [T, C],

@@ -54,3 +54,36 @@ def test_outputs_resize_and_free_from_another_thread(rng):
     del y
     for _ in range(5):
         torch.testing.assert_close(fn(x, w), ref.linear_one(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_pooled_empty_like_gives_fresh_contiguous_tensors():
+    fn = compiled_or_skip("pooled_empty_like")
+    for shape, dtype in [((32, 64, 64), torch.float32), ((2, 64, 64), torch.float32),
+                         ((7, 3), torch.bfloat16), ((5,), torch.int64), ((0, 4), torch.float32)]:
+        t = torch.ones(shape, dtype=dtype)
+        before = t.clone()
+        out = fn(t)
+        want = ref.pooled_empty_like(t)
+        assert (out.shape, out.dtype, out.device) == (want.shape, want.dtype, want.device)
+        assert out.is_contiguous()
+        out.fill_(3)  # its own memory: t is untouched
+        assert torch.equal(t, before)
+        assert bool((out == 3).all())
+
+
+def test_pooled_empty_like_of_a_strided_tensor_is_contiguous():
+    fn = compiled_or_skip("pooled_empty_like")
+    t = torch.zeros(8, 6).t()
+    out = fn(t)
+    assert out.shape == (6, 8) and out.is_contiguous()
+
+
+def test_pooled_empty_like_reuses_freed_blocks_and_never_live_ones():
+    fn = compiled_or_skip("pooled_empty_like")
+    like = torch.zeros(4, 64, 64)
+    live = [fn(like) for _ in range(4)]
+    assert len({t.data_ptr() for t in live}) == 4
+    freed = live.pop().data_ptr()
+    again = fn(like)  # the block just freed comes back first
+    assert again.data_ptr() == freed
+    assert again.data_ptr() not in {t.data_ptr() for t in live}
