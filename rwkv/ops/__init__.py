@@ -14,7 +14,7 @@ from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
 __all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_slabs", "ln_mix", "maa_mix", "mm8", "mm8_one",
-           "mm8_one_i16", "mm8_seq", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
+           "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
 
@@ -128,3 +128,9 @@ def linear_one_slabs(x: Tensor, w: Tensor, side: list, act: int = 0, *, mode: st
     products (mm8_one_i16 with side = [mx, rx, my, ry] for uint8 w, else linear_one, side empty)
     summed in fp32, then the activation code ``act``; in x's dtype. CPU."""
     return resolve("linear_one_slabs", x.device.type, mode)(x, w, side, act)
+
+
+def pooled_empty_like(t: Tensor, *, mode: str = "auto") -> Tensor:
+    """An uninitialized contiguous tensor of t's shape and dtype; on CPU its memory comes from the
+    block pool of the ops' outputs (the model makes the block ops' new states with it)."""
+    return resolve("pooled_empty_like", t.device.type, mode)(t)

@@ -87,3 +87,13 @@ def test_pooled_empty_like_reuses_freed_blocks_and_never_live_ones():
     again = fn(like)  # the block just freed comes back first
     assert again.data_ptr() == freed
     assert again.data_ptr() not in {t.data_ptr() for t in live}
+
+
+def test_pooled_empty_like_wrapper_in_every_mode():
+    from rwkv import ops
+    compiled_or_skip("pooled_empty_like")
+    t = torch.ones(3, 5, dtype=torch.bfloat16)
+    for mode in ("auto", "compiled", "reference"):
+        out = ops.pooled_empty_like(t, mode=mode)
+        assert (out.shape, out.dtype, out.is_contiguous()) == (t.shape, t.dtype, True)
+        assert out.data_ptr() != t.data_ptr()
