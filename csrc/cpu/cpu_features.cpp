@@ -50,8 +50,8 @@ Isa automatic_isa() {
     if (env != nullptr && *env != '\0') {
       Isa cap;
       if (!parse_isa(env, &cap)) {
-        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, got '", env,
-                   "'; ignoring it");
+        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, got '",
+                   env, "'; ignoring it");
       } else if (static_cast<int>(cap) < static_cast<int>(chosen)) {
         chosen = cap;
       }
@@ -133,9 +133,8 @@ std::string set_cpu_isa_op(std::string isa) {
   }
   Isa wanted;
   TORCH_CHECK(parse_isa(isa, &wanted),
-              "_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni, avx512bf16 or empty, got '",
-              isa,
-              "'");
+              "_set_cpu_isa: isa must be scalar, avx2, avx512, avx512vnni, avx512bf16 or empty, "
+              "got '", isa, "'");
   TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected_isa()), "_set_cpu_isa: isa ",
               isa, " is not supported by this CPU/OS or build, got highest ",
               isa_name(detected_isa()));

@@ -2,14 +2,14 @@
 // mm8_one_i16 (int8 weights, the activation rounded to int16), linear_one_group (several such
 // products in one call) and linear_one_slabs (one product whose weight is stored as row slabs,
 // rwkv/slabs.py: the slabs' products summed). Every product is checked in the contract's words
-// (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself;
-// for int8, xs = x*ry, its sums and its int16 rounding, per slab), then the output columns of every matrix (a product's weight or one of its slabs)
-// are split between threads as one range (for_member_blocks), the kernels of the active
-// instruction set computing each column, with an optional activation (common/activation.h). A
-// group, or a slab product, is thus one call and one parallel region where separate products are
-// several: while decoding, each call costs tens of microseconds beyond its weight's reading
-// (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h,
-// kernels/mm8.h.
+// (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself; for
+// int8, xs = x*ry, its sums and its int16 rounding, per slab), then the output columns of every
+// matrix (a product's weight or one of its slabs) are split between threads as one range
+// (for_member_blocks), the kernels of the active instruction set computing each column, with an
+// optional activation (common/activation.h). A group, or a slab product, is thus one call and one
+// parallel region where separate products are several: while decoding, each call costs tens of
+// microseconds beyond its weight's reading (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math:
+// csrc/cpu/kernels/linear.h, kernels/mm8.h.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 

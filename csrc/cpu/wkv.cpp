@@ -14,8 +14,8 @@
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
-#include "cpu/mm8_prepare.h"
 #include "cpu/pooled.h"
+#include "cpu/scratch.h"
 
 namespace rwkv {
 namespace cpu {
