@@ -4,14 +4,19 @@
 // .to() does). While decoding these are a few thousand values, where an ATen conversion's
 // dispatch and TensorIterator set-up would cost more than the copy: a plain loop. Long inputs
 // (prefill: millions of values) use ATen's conversion, vectorized and threaded (the same values).
+// Fp32Result spares a token's bf16 results their fp32 tensor.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "cpu/pooled.h"
+#include "cpu/scratch.h"
 
 namespace rwkv {
 namespace cpu {
@@ -19,15 +24,67 @@ namespace cpu {
 // Below this many values, the plain loop.
 constexpr int64_t kAtenConvertFrom = 1 << 15;
 
+// The fp32 values y (contiguous, of shape `sizes`) as a new tensor of dtype dt (not fp32): bf16
+// rounded to nearest even by a plain loop when short, else (or for other dtypes) ATen's .to().
+inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt) {
+  at::Tensor out = pooled_empty(sizes, dt);
+  const int64_t n = out.numel();
+  if (dt != at::kBFloat16 || n >= kAtenConvertFrom) {
+    out.copy_(at::from_blob(const_cast<float*>(y), sizes, at::kFloat));
+    return out;
+  }
+  c10::BFloat16* d = out.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0; i < n; ++i) d[i] = c10::BFloat16(y[i]);
+  return out;
+}
+
 // y (contiguous fp32) in dtype dt: y itself when dt is fp32, else its values rounded to bf16.
 inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   if (dt == at::kFloat) return y;
-  if (y.numel() >= kAtenConvertFrom) return y.to(dt);
-  at::Tensor out = pooled_empty(y.sizes(), dt);
-  const float* s = y.data_ptr<float>();
-  c10::BFloat16* d = out.data_ptr<c10::BFloat16>();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) d[i] = c10::BFloat16(s[i]);
-  return out;
+  return narrowed_values(y.data_ptr<float>(), y.sizes(), dt);
+}
+
+// Where an op computes a result that it returns in dtype dt. An fp32 result is the returned
+// tensor itself. A short result in another dtype (one token's) is computed in `room`, memory the
+// op took from a per-thread Scratch, and narrowed into the one new tensor: while decoding, an
+// fp32 tensor's allocation and release per call is a measurable cost (1.5b `cpu bf16i8`: 0.15-0.45
+// ms per token, benchmarks/RESULTS.md).
+class Fp32Result {
+ public:
+  Fp32Result() = default;
+  // room: as many floats as sizes holds, where in_room() allows it; nullptr: an fp32 tensor.
+  Fp32Result(std::vector<int64_t> sizes, at::ScalarType dt, float* room)
+      : sizes_(std::move(sizes)), dt_(dt) {
+    if (room == nullptr) {
+      t_ = pooled_empty(sizes_, at::kFloat);
+      room = t_.data_ptr<float>();
+    }
+    p_ = room;
+  }
+  // Whether an op may compute a result of n values in dt in room (the scratch stays small).
+  static bool in_room(int64_t n, at::ScalarType dt) {
+    return dt != at::kFloat && n < kAtenConvertFrom;
+  }
+  float* data() const { return p_; }
+  // The result in dt.
+  at::Tensor take() const {
+    return t_.defined() ? narrowed(t_, dt_) : narrowed_values(p_, sizes_, dt_);
+  }
+
+ private:
+  std::vector<int64_t> sizes_;
+  at::ScalarType dt_ = at::kFloat;
+  at::Tensor t_;
+  float* p_ = nullptr;
+};
+
+// This thread's room for the one-token results (T == 1) of an op, n floats in all, returned in
+// dt; nullptr where they get fp32 tensors (fp32, sequences, long results). Valid until the
+// thread's next call, so an op takes its results out before it returns (Fp32Result::take).
+inline float* result_room(int64_t T, int64_t n, at::ScalarType dt) {
+  if (T != 1 || !Fp32Result::in_room(n, dt)) return nullptr;
+  thread_local Scratch room;
+  return room.get<float>(n);
 }
 
 // t's values in fp32 for a kernel that only reads them: t's own memory when it is contiguous

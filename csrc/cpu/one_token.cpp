@@ -43,11 +43,12 @@ struct Product {
   const at::Tensor* side;  // int8: mx, rx, my, ry in a row; dense: nullptr
   Act act;
   int64_t N = 0, M = 0, S = 1;
-  at::Tensor y;                   // fp32, [M] or [1, M] as x
+  Fp32Result y;                   // [M] or [1, M] as x, returned in x's dtype
   at::Tensor xb;                  // bf16 weights on ISAs with bf16 dots: x itself, contiguous
   at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
   bool int8() const { return side != nullptr; }
+  at::ScalarType x_dtype() const { return x->scalar_type(); }
   int64_t K() const { return N / S; }  // rows per slab (N for a matrix; S >= 1)
 };
 
@@ -93,7 +94,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
   size_t n_parts = 0;
   for (const Product& pr : prs) {
     n_parts += pr.S;
-    floats += pr.N + (pr.S - 1) * pr.M;
+    floats += pr.N + (pr.S - 1) * pr.M + (Fp32Result::in_room(pr.M, pr.x_dtype()) ? pr.M : 0);
     if (pr.int8()) {
       floats += pr.S * mm8_one_token_floats(pr.K());
       shorts += pr.S * padded(pr.K());
@@ -119,7 +120,9 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       x = fp32_values(*pr.x, fp);
       fp += pr.N;
     }
-    pr.y = pooled_empty(one_row_shape(*pr.x, pr.M), at::kFloat);
+    float* room = Fp32Result::in_room(pr.M, pr.x_dtype()) ? fp : nullptr;
+    if (room != nullptr) fp += pr.M;
+    pr.y = Fp32Result(one_row_shape(*pr.x, pr.M), pr.x_dtype(), room);
     const int64_t K = pr.K();
     const char* w = static_cast<const char*>(pr.w->data_ptr());
     const int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
@@ -145,7 +148,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
         pt.x = x + s * K;
       }
       if (s == 0) {
-        pt.y = pr.y.data_ptr<float>();
+        pt.y = pr.y.data();
       } else {
         pt.y = fp;
         fp += pr.M;
@@ -213,7 +216,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
   }
   std::vector<at::Tensor> out;
   out.reserve(prs.size());
-  for (const Product& pr : prs) out.push_back(in_dtype(pr.y, *pr.x));
+  for (const Product& pr : prs) out.push_back(pr.y.take());
   return out;
 }
 

@@ -93,16 +93,17 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
                    wc = w.contiguous(), gc = widened(g);
-  at::Tensor y = pooled_empty({d.T, d.H * d.N}, at::kFloat);
+  const at::ScalarType dt = g.scalar_type();
+  const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
   at::Tensor scratch = pooled_empty({d.H, d.N}, at::kFloat);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
                   state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
                   in(gc), in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
-                  y.data_ptr<float>());
+                  y.data());
   });
-  return narrowed(y, g.scalar_type());
+  return y.take();
 }
 
 at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
@@ -133,7 +134,8 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
     vfp = values(*v_first, 6);
     vgp = values(*v_gate, 7);
   }
-  at::Tensor y = pooled_empty({d.T, C}, at::kFloat);
+  const at::ScalarType dt = r.scalar_type();
+  const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt));
   at::Tensor scratch_t;
   float* scratch = buf != nullptr ? buf + 8 * n : nullptr;
   if (scratch == nullptr) {
@@ -145,9 +147,9 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
                   state_in.has_value() ? in(*state_in) : nullptr, rp, wp, kp, vp, ap, gp, vfp,
                   vgp, in(p), static_cast<float>(eps), scratch + h0 * 6 * d.N,
-                  y.data_ptr<float>());
+                  y.data());
   });
-  return narrowed(y, r.scalar_type());
+  return y.take();
 }
 
 // The new matrix state a block op writes (the schema's comment, rwkv/ops/_schemas.py): memory

@@ -4,6 +4,8 @@ the tensors must behave as any CPU tensor (resizable, freed from any thread)."""
 
 import threading
 
+import pytest
+
 import torch
 from ops_testlib import compiled_or_skip, uniform
 
@@ -97,3 +99,66 @@ def test_pooled_empty_like_wrapper_in_every_mode():
         out = ops.pooled_empty_like(t, mode=mode)
         assert (out.shape, out.dtype, out.is_contiguous()) == (t.shape, t.dtype, True)
         assert out.data_ptr() != t.data_ptr()
+
+
+# One token with bf16 activations: each op computes its fp32 result in the calling thread's
+# buffer, then rounds it into the one tensor it returns (csrc/cpu/float_io.h, Fp32Result).
+def _widened(args):
+    """args with every bf16 tensor (also inside lists) widened to fp32 (exact)."""
+    def widen(a):
+        if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16:
+            return a.float()
+        if isinstance(a, list):
+            return [widen(t) for t in a]
+        return a
+    return [widen(a) for a in args]
+
+
+def _bf16_one_token_args(op, rng):
+    """One-token arguments of op with bf16 activations (and bf16 int8 side tensors), fresh values
+    on every call; the ops' own test modules make them."""
+    import test_linear_one_group
+    import test_maa_mix
+    import test_wkv6_block
+    import test_wkv7_block
+    from rwkv.models.common import GROUP_NORM_EPS
+
+    bf16 = torch.bfloat16
+    if op == "ln_mix":
+        C, n = 96, 5
+        return [uniform((1, C), rng, dtype=bf16), uniform((C,), rng, dtype=bf16), uniform((C,), rng),
+                uniform((C,), rng), uniform((n, C), rng, 0, 1), False, 1e-5]
+    if op == "maa_mix":
+        return list(test_maa_mix.make_inputs(1, 96, 5, 8, rng, dtype=bf16))
+    if op == "wkv6_block":
+        return [*test_wkv6_block.make_inputs(1, 2, 64, rng, dtype=bf16), GROUP_NORM_EPS]
+    if op == "wkv7_block":
+        return [*test_wkv7_block.make_inputs(1, 2, 64, rng, dtype=bf16), GROUP_NORM_EPS]
+    # Two int8 products of different sizes: each has its own part of the buffer.
+    args, _ = test_linear_one_group.make_group([("int8", bf16, 200, 70, 1), ("int8", bf16, 96, 33, 0)], rng)
+    return list(args)
+
+
+def _outputs(op, args):
+    """The op's results as a flat list (the block ops update args[0], the state, in place: they
+    get a copy)."""
+    fn = compiled_or_skip(op)
+    if op.endswith("_block"):
+        args = [args[0].clone(), *args[1:]]
+    out = fn(*args)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+@pytest.mark.parametrize("op", ["ln_mix", "maa_mix", "wkv6_block", "wkv7_block", "linear_one_group"])
+def test_bf16_one_token_results_are_the_fp32_results_rounded_and_stay(op, rng):
+    args = _bf16_one_token_args(op, rng)
+    got = _outputs(op, args)
+    want = [y.to(torch.bfloat16) for y in _outputs(op, _widened(args))]  # the same values in fp32
+    kept = [y.clone() for y in got]
+    assert [y.dtype for y in got] == [torch.bfloat16] * len(got)
+    for y, w in zip(got, want):
+        assert torch.equal(y, w)
+    for _ in range(3):  # later calls reuse the buffer: the results are tensors of their own
+        _outputs(op, _bf16_one_token_args(op, rng))
+    for y, k in zip(got, kept):
+        assert torch.equal(y, k)
