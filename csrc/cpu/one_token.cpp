@@ -2,11 +2,12 @@
 // mm8_one_i16 (int8 weights, the activation rounded to int16), linear_one_group (several such
 // products in one call) and linear_one_slabs (one product whose weight is stored as row slabs,
 // rwkv/slabs.py: the slabs' products summed). Every product is checked in the contract's words
-// (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself; for
-// int8, xs = x*ry, its sums and its int16 rounding, per slab), then the output columns of every
-// matrix (a product's weight or one of its slabs) are split between threads as one range
-// (for_member_blocks), the kernels of the active instruction set computing each column, with an
-// optional activation (common/activation.h). A group, or a slab product, is thus one call and one
+// (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself),
+// then the output columns of every matrix (a product's weight or one of its slabs) are split
+// between threads as one range (for_member_blocks), the kernels of the active instruction set
+// computing each column, with an optional activation (common/activation.h). An int8 matrix's
+// activation (xs = x*ry, its sums and its int16 rounding) is prepared inside that region by the
+// first thread to reach its columns (prepare_int8). A group, or a slab product, is thus one call and one
 // parallel region where separate products are several: while decoding, each call costs tens of
 // microseconds beyond its weight's reading (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math:
 // csrc/cpu/kernels/linear.h, kernels/mm8.h.
@@ -14,6 +15,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <atomic>
+#include <memory>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -62,8 +65,35 @@ struct Part {
   float* y = nullptr;       // its fp32 result [M]: the product's y, or scratch to be summed
   float* xs = nullptr;      // int8: xs [K] and, at xs + mm8_one_token_floats(K) - 16, its sums
   int16_t* xq = nullptr;
+  const float* ry = nullptr;  // int8: its K rows of ry and my, in fp32
+  const float* my = nullptr;
   float scale = 0.0f;  // int8: 0 = the fp32 loop (xs all zero or not finite)
 };
+
+// An int8 part's activation, prepared (xs = x*ry, its sums, its int16 rounding and scale) by
+// whichever thread first reaches one of its columns, while the other thread goes on reading
+// weights: a call's parts are prepared in parallel, and each thread waits only for the parts it
+// reads. ready: 0 = not started, 1 = being prepared, 2 = done.
+void prepare_int8(const KernelTable& kt, Part& pt, std::atomic<int>& ready) {
+  if (ready.load(std::memory_order_acquire) == 2) return;
+  int idle = 0;
+  if (!ready.compare_exchange_strong(idle, 1, std::memory_order_acq_rel)) {
+    while (ready.load(std::memory_order_acquire) != 2) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    return;
+  }
+  float* sums = pt.xs + mm8_one_token_floats(pt.K) - 16;
+  kt.mm8_prepare(pt.K, 0, 1, pt.x, pt.ry, pt.my, pt.xs, sums);
+  // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the fp32
+  // path).
+  pt.scale = std::isfinite(sums[0]) && pt.K > 0
+                 ? kt.mm8_quantize_i16(pt.K, padded(pt.K), pt.xs, pt.xq)
+                 : 0.0f;
+  ready.store(2, std::memory_order_release);
+}
 
 // Checks one product's arguments; `op` names it in messages. Only linear_one_slabs (slabs) takes
 // a weight in row slabs.
@@ -85,7 +115,8 @@ void check_product(const char* op, Product& pr, bool slabs = false) {
   }
 }
 
-// Prepares checked products (the serial part), then computes every output column, threaded.
+// Prepares checked products (the serial part; int8 activations later, prepare_int8), then
+// computes every output column, threaded.
 // Returns each y in its x's dtype.
 std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
   // This thread's scratch: each x in fp32 (where it is not contiguous fp32 already), int8 parts'
@@ -155,21 +186,16 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       }
       if (pr.int8()) {
         pt.xs = fp;
-        float* sums = fp + mm8_one_token_floats(K) - 16;
-        kt.mm8_prepare(K, 0, 1, pt.x, pr.ry32.data_ptr<float>() + s * K,
-                       pr.my32.data_ptr<float>() + s * K, pt.xs, sums);
         pt.xq = sp;
-        // sum(xs) is finite exactly when every xs is (barring overflow, which also takes the
-        // fp32 path).
-        pt.scale = std::isfinite(sums[0]) && K > 0
-                       ? kt.mm8_quantize_i16(K, padded(K), pt.xs, pt.xq)
-                       : 0.0f;
+        pt.ry = pr.ry32.data_ptr<float>() + s * K;
+        pt.my = pr.my32.data_ptr<float>() + s * K;
         fp += mm8_one_token_floats(K);
         sp += padded(K);
       }
       parts.push_back(pt);
     }
   }
+  std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[parts.size()]());  // per part
   std::vector<int64_t> columns, bytes;
   for (const Part& pt : parts) {
     const Product& pr = prs[pt.product];
@@ -182,6 +208,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
     const Part& pt = parts[i];
     const Product& pr = prs[pt.product];
     if (pr.int8()) {
+      prepare_int8(kt, parts[i], ready[i]);
       const auto* q = static_cast<const uint8_t*>(pt.w);
       const float* sums = pt.xs + mm8_one_token_floats(pt.K) - 16;
       const float *rx = pr.rx32.data_ptr<float>(), *mx = pr.mx32.data_ptr<float>();
