@@ -115,5 +115,32 @@ inline at::Tensor widened(const at::Tensor& t) {
   return out;
 }
 
+// The fp32 values of an op's activations, each valid while this lives. For one token (T == 1)
+// fp32 inputs are read in place and others converted into this thread's buffer, room for
+// `floats` values in all (no tensor per input: while decoding its allocation and release cost
+// more than the copy); for sequences, widened() tensors held here. One per op call at a time.
+class Fp32Inputs {
+ public:
+  Fp32Inputs(int64_t T, int64_t floats) {
+    if (T == 1) {
+      thread_local Scratch room;
+      next_ = room.get<float>(floats);
+    }
+  }
+  const float* operator()(const at::Tensor& t) {
+    if (next_ == nullptr) {
+      held_.push_back(widened(t));
+      return held_.back().data_ptr<float>();
+    }
+    const float* values = fp32_values(t, next_);
+    next_ += t.numel();
+    return values;
+  }
+
+ private:
+  float* next_ = nullptr;
+  std::vector<at::Tensor> held_;
+};
+
 }  // namespace cpu
 }  // namespace rwkv

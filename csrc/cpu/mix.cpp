@@ -28,22 +28,21 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
                                           const at::Tensor& w, const at::Tensor& b,
                                           const at::Tensor& mix, bool lerp, double eps) {
   const LnMixDims d = check_ln_mix(x, sx, w, b, mix);
-  const at::Tensor xc = widened(x), sxc = widened(sx), wc = w.contiguous(),
-                   bc = b.contiguous(), mc = mix.contiguous();
+  Fp32Inputs in32(d.T, x.numel() + sx.numel());
+  const float *xp = in32(x), *sxp = in32(sx);
+  const at::Tensor wc = w.contiguous(), bc = b.contiguous(), mc = mix.contiguous();
   const at::ScalarType dt = x.scalar_type();
   float* room = result_room(d.T, (d.n + 1) * d.C, dt);
   const Fp32Result xx({d.T, d.C}, dt, room);
   const Fp32Result out({d.n, d.T, d.C}, dt, room != nullptr ? room + d.C : nullptr);
   const KernelTable& kt = kernels();
-  const float* xp = xc.data_ptr<float>();
   float* xxp = xx.data();
   const auto norm = [&](int64_t t0, int64_t t1) {
     kt.layer_norm(d.C, t0, t1, xp, wc.data_ptr<float>(), bc.data_ptr<float>(),
                   static_cast<float>(eps), xxp);
   };
   const auto mixes = [&](int64_t t0, int64_t t1) {
-    kt.shift_mix(d.T, d.C, d.n, t0, t1, xxp, sxc.data_ptr<float>(), mc.data_ptr<float>(), lerp,
-                 out.data());
+    kt.shift_mix(d.T, d.C, d.n, t0, t1, xxp, sxp, mc.data_ptr<float>(), lerp, out.data());
   };
   if (d.T == 1) {  // one token: no parallel region (its fork and join cost more than the work)
     norm(0, 1);
@@ -59,13 +58,13 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
 at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
                    const at::Tensor& w2, const at::Tensor& maa) {
   const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa);
-  const at::Tensor xc = widened(xx), sxc = widened(sx), zc = widened(z), wc = w2.contiguous(),
-                   mc = maa.contiguous();
+  Fp32Inputs in32(d.T, xx.numel() + sx.numel() + z.numel());
+  const float *xp = in32(xx), *sxp = in32(sx), *zp = in32(z);
+  const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
   const at::ScalarType dt = xx.scalar_type();
   const Fp32Result out({d.n, d.T, d.C}, dt, result_room(d.T, d.n * d.C, dt));
   // tanh(z) once (T*n*D values), before the threads share it.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
-  const float* zp = zc.data_ptr<float>();
   for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
   const KernelTable& kt = kernels();
   const bool bf16_w2 = wc.scalar_type() == at::kBFloat16;
@@ -85,20 +84,19 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
       }
     });
     for_blocks(d.C, 64, 3 * d.n, [&](int64_t c0, int64_t c1) {
-      kt.maa_finish(d.C, d.n, c0, c1, xc.data_ptr<float>(), sxc.data_ptr<float>(), acc,
-                    mc.data_ptr<float>(), out.data());
+      kt.maa_finish(d.C, d.n, c0, c1, xp, sxp, acc, mc.data_ptr<float>(), out.data());
     });
     return out.take();
   }
   // Sequences: blocks of 64 channels.
   for_blocks(d.C, 64, d.T * d.n * d.D, [&](int64_t c0, int64_t c1) {
-    const float *x = xc.data_ptr<float>(), *s = sxc.data_ptr<float>(), *m = mc.data_ptr<float>();
+    const float* m = mc.data_ptr<float>();
     float* o = out.data();
     if (bf16_w2) {
-      kt.maa_mix_bf16(d.T, d.C, d.n, d.D, c0, c1, x, s, zt.data(),
+      kt.maa_mix_bf16(d.T, d.C, d.n, d.D, c0, c1, xp, sxp, zt.data(),
                       reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), m, o);
     } else {
-      kt.maa_mix_f32(d.T, d.C, d.n, d.D, c0, c1, x, s, zt.data(), wc.data_ptr<float>(), m, o);
+      kt.maa_mix_f32(d.T, d.C, d.n, d.D, c0, c1, xp, sxp, zt.data(), wc.data_ptr<float>(), m, o);
     }
   });
   return out.take();

@@ -92,7 +92,9 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
   const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-                   wc = w.contiguous(), gc = widened(g);
+                   wc = w.contiguous();
+  Fp32Inputs in32(d.T, g.numel());
+  const float* gp = in32(g);
   const at::ScalarType dt = g.scalar_type();
   const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
   at::Tensor scratch = pooled_empty({d.H, d.N}, at::kFloat);
@@ -100,7 +102,7 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
                   state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
-                  in(gc), in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
+                  gp, in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
                   y.data());
   });
   return y.take();
@@ -113,32 +115,24 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const c10::optional<at::Tensor>& state_in) {
   const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in);
   const int64_t C = d.H * d.N, n = d.T * C;
-  // The activations in fp32 (r, w, k, v, a, g, then v_first and v_gate) and the kernel's
-  // scratch [H, 6N]: for one token in this thread's buffer (bf16 inputs widened into it, fp32
-  // ones read in place), for sequences as tensors.
-  std::vector<at::Tensor> held;
-  float* buf = nullptr;
-  if (d.T == 1) {
-    thread_local Scratch one_token;
-    buf = one_token.get<float>(8 * n + 6 * C);
-  }
-  const auto values = [&](const at::Tensor& t, int slot) -> const float* {
-    if (buf != nullptr) return fp32_values(t, buf + slot * n);
-    held.push_back(widened(t));
-    return held.back().data_ptr<float>();
-  };
-  const float *rp = values(r, 0), *wp = values(w, 1), *kp = values(k, 2), *vp = values(v, 3),
-              *ap = values(a, 4), *gp = values(g, 5);
+  // The activations in fp32 (r, w, k, v, a, g, then v_first and v_gate), and the kernel's
+  // scratch [H, 6N]: for one token in this thread's buffers, for sequences as tensors.
+  Fp32Inputs in32(d.T, 8 * n);
+  const float *rp = in32(r), *wp = in32(w), *kp = in32(k), *vp = in32(v), *ap = in32(a),
+              *gp = in32(g);
   const float *vfp = nullptr, *vgp = nullptr;
   if (v_first.has_value()) {
-    vfp = values(*v_first, 6);
-    vgp = values(*v_gate, 7);
+    vfp = in32(*v_first);
+    vgp = in32(*v_gate);
   }
   const at::ScalarType dt = r.scalar_type();
   const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt));
   at::Tensor scratch_t;
-  float* scratch = buf != nullptr ? buf + 8 * n : nullptr;
-  if (scratch == nullptr) {
+  float* scratch = nullptr;
+  if (d.T == 1) {
+    thread_local Scratch one_token;
+    scratch = one_token.get<float>(6 * C);
+  } else {
     scratch_t = pooled_empty({d.H, 6 * d.N}, at::kFloat);
     scratch = scratch_t.data_ptr<float>();
   }
