@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstddef>
 #include <initializer_list>
@@ -212,9 +213,11 @@ inline WkvDims check_wkv7_block(const at::Tensor& state, const at::Tensor& r, co
 
 struct Mm8Dims { int64_t T, N, M; };
 
-// The shape of a one-token product's result: [M] for x [N], [1, M] for x [1, N].
-inline std::vector<int64_t> one_row_shape(const at::Tensor& x, int64_t M) {
-  return x.dim() == 2 ? std::vector<int64_t>{1, M} : std::vector<int64_t>{M};
+// The shape of a one-token product's result: [M] for x [N], [1, M] for x [1, N]; (no heap
+// allocation: while decoding, every product makes one).
+using RowShape = c10::SmallVector<int64_t, 2>;
+inline RowShape one_row_shape(const at::Tensor& x, int64_t M) {
+  return x.dim() == 2 ? RowShape{1, M} : RowShape{M};
 }
 
 // An int8 product's side tensor `name` (mx, rx, my or ry): x's dtype dt, or also float32 where

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <utility>
@@ -53,8 +54,8 @@ class Fp32Result {
  public:
   Fp32Result() = default;
   // room: as many floats as sizes holds, where in_room() allows it; nullptr: an fp32 tensor.
-  Fp32Result(std::vector<int64_t> sizes, at::ScalarType dt, float* room)
-      : sizes_(std::move(sizes)), dt_(dt) {
+  Fp32Result(at::IntArrayRef sizes, at::ScalarType dt, float* room)
+      : sizes_(sizes.begin(), sizes.end()), dt_(dt) {
     if (room == nullptr) {
       t_ = pooled_empty(sizes_, at::kFloat);
       room = t_.data_ptr<float>();
@@ -72,7 +73,7 @@ class Fp32Result {
   }
 
  private:
-  std::vector<int64_t> sizes_;
+  c10::SmallVector<int64_t, 4> sizes_;  // no heap allocation (one per product while decoding)
   at::ScalarType dt_ = at::kFloat;
   at::Tensor t_;
   float* p_ = nullptr;

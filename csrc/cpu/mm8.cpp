@@ -150,8 +150,7 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
   thread_local Scratch one_token_buf;
   float* buf = seq ? nullptr : one_token_buf.get<float>(mm8_one_token_floats(d.N));
   const Mm8Prepared p = mm8_prepare(d, seq, x, w, mx, rx, my, ry, buf);
-  at::Tensor y = pooled_empty(seq ? std::vector<int64_t>{p.T, p.M} : one_row_shape(x, p.M),
-                              at::kFloat);
+  at::Tensor y = pooled_empty(seq ? RowShape{p.T, p.M} : one_row_shape(x, p.M), at::kFloat);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (seq && p.T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
     mm8_tiled(p.xs_t, p.q, p.sums_t, p.rx32, p.mx32, bf16, y);

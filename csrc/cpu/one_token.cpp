@@ -196,7 +196,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
     }
   }
   std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[parts.size()]());  // per part
-  std::vector<int64_t> columns, bytes;
+  c10::SmallVector<int64_t, 16> columns, bytes;
   for (const Part& pt : parts) {
     const Product& pr = prs[pt.product];
     columns.push_back(pr.M);
@@ -283,9 +283,17 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
     const bool q = w[i].scalar_type() == at::kByte;
     prs.push_back({&x[i], &w[i], q ? &side[s] : nullptr, Act::none});
     s += q ? 4 : 0;
-    const std::string name = std::string(op) + " (product " + std::to_string(i) + ")";
-    check_product(name.c_str(), prs.back());
-    prs.back().act = check_act(name.c_str(), act[i]);
+    try {
+      check_product(op, prs.back());
+      prs.back().act = check_act(op, act[i]);
+    } catch (const c10::Error&) {
+      // The same checks again with the product named, which throw the error in those words (the
+      // name is not built for every product of every call).
+      const std::string name = std::string(op) + " (product " + std::to_string(i) + ")";
+      check_product(name.c_str(), prs.back());
+      check_act(name.c_str(), act[i]);
+      throw;
+    }
   }
   return run_products(prs);
 }

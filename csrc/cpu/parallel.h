@@ -4,11 +4,12 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <vector>
 
 namespace rwkv {
 namespace cpu {
@@ -22,11 +23,12 @@ namespace cpu {
 // small chunks, in order, by whichever task is free. The threads thus finish together even when
 // one ran slower (it started later, or its core read less): with a static split the faster one
 // waited ~1-2% of every product (0.85-1.6 ms per 1.5b token on the development machine).
+// (Small arrays, not heap vectors: while decoding this runs for every product call.)
 template <class F>
-void for_member_blocks(const std::vector<int64_t>& units, const std::vector<int64_t>& work,
-                       int64_t block, const F& body) {
+void for_member_blocks(c10::ArrayRef<int64_t> units, c10::ArrayRef<int64_t> work, int64_t block,
+                       const F& body) {
   const size_t n = units.size();
-  std::vector<int64_t> base(n + 1, 0);  // the work before member i's first block
+  c10::SmallVector<int64_t, 16> base(n + 1, 0);  // the work before member i's first block
   for (size_t i = 0; i < n; ++i) base[i + 1] = base[i] + units[i] * std::max<int64_t>(1, work[i]);
   const int64_t total = base[n];
   if (total == 0) return;

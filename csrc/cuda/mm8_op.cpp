@@ -32,7 +32,7 @@ at::Tensor mm8_cuda(const char* op, bool seq, const at::Tensor& x, const at::Ten
   const at::Tensor xc = x.contiguous(), mxc = mx.contiguous(), rxc = rx.contiguous(),
                    myc = my.contiguous(), ryc = ry.contiguous();
   at::Tensor y =
-      at::empty(seq ? std::vector<int64_t>{T, M} : rwkv::one_row_shape(x, M), x.options());
+      at::empty(seq ? rwkv::RowShape{T, M} : rwkv::one_row_shape(x, M), x.options());
   if (T == 0 || M == 0) return y;
   const bool vec = N % 16 == 0 && aligned16(xc.data_ptr()) && aligned16(wt.data_ptr()) &&
                    aligned16(myc.data_ptr()) && aligned16(ryc.data_ptr());
