@@ -53,7 +53,7 @@ inline const char* dtype_name(c10::ScalarType t) {
 // x must have exactly the shape given by the trailing sizes; `pattern` names them.
 #define RWKV_CHECK_SHAPE(op, x, pattern, ...)                                                  \
   do {                                                                                         \
-    const std::vector<int64_t> rwkv_expected_{__VA_ARGS__};                                    \
+    const int64_t rwkv_expected_[] = {__VA_ARGS__}; /* no heap: runs for every decode call */ \
     TORCH_CHECK((x).sizes() == c10::IntArrayRef(rwkv_expected_),                               \
                 op, ": " #x " must have shape " pattern " = ", c10::IntArrayRef(rwkv_expected_), \
                 ", got ", (x).sizes());                                                        \

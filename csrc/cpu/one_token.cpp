@@ -12,6 +12,7 @@
 // microseconds beyond its weight's reading (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math:
 // csrc/cpu/kernels/linear.h, kernels/mm8.h.
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
@@ -95,6 +96,17 @@ void prepare_int8(const KernelTable& kt, Part& pt, std::atomic<int>& ready) {
   ready.store(2, std::memory_order_release);
 }
 
+// Products to compute in one call, and their results.
+struct Products {
+  Product* first;
+  size_t n;
+  Product* begin() const { return first; }
+  Product* end() const { return first + n; }
+  size_t size() const { return n; }
+  Product& operator[](size_t i) const { return first[i]; }
+};
+using Outputs = c10::SmallVector<at::Tensor, 8>;
+
 // Checks one product's arguments; `op` names it in messages. Only linear_one_slabs (slabs) takes
 // a weight in row slabs.
 void check_product(const char* op, Product& pr, bool slabs = false) {
@@ -118,7 +130,8 @@ void check_product(const char* op, Product& pr, bool slabs = false) {
 // Prepares checked products (the serial part; int8 activations later, prepare_int8), then
 // computes every output column, threaded.
 // Returns each y in its x's dtype.
-std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
+// (Small arrays: while decoding, each heap allocation here is a measurable cost per call.)
+Outputs run_products(Products prs) {
   // This thread's scratch: each x in fp32 (where it is not contiguous fp32 already), int8 parts'
   // xs and sums, their int16 rounding of xs, and the results of slabs after the first.
   int64_t floats = 0, shorts = 0;
@@ -135,7 +148,7 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
   float* fp = float_buf.get<float>(floats);
   int16_t* sp = short_buf.get<int16_t>(shorts);
   const KernelTable& kt = kernels();
-  std::vector<Part> parts;
+  c10::SmallVector<Part, 8> parts;
   parts.reserve(n_parts);
   for (size_t i = 0; i < prs.size(); ++i) {
     Product& pr = prs[i];
@@ -195,7 +208,15 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
       parts.push_back(pt);
     }
   }
-  std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[parts.size()]());  // per part
+  // Each part's preparation state (prepare_int8).
+  std::atomic<int> few[8];
+  std::unique_ptr<std::atomic<int>[]> many;
+  std::atomic<int>* ready = few;
+  if (parts.size() > 8) {
+    many.reset(new std::atomic<int>[parts.size()]);
+    ready = many.get();
+  }
+  for (size_t i = 0; i < parts.size(); ++i) ready[i].store(0, std::memory_order_relaxed);
   c10::SmallVector<int64_t, 16> columns, bytes;
   for (const Part& pt : parts) {
     const Product& pr = prs[pt.product];
@@ -241,27 +262,26 @@ std::vector<at::Tensor> run_products(std::vector<Product>& prs) {
     }
     first += pr.S;
   }
-  std::vector<at::Tensor> out;
-  out.reserve(prs.size());
+  Outputs out;
   for (const Product& pr : prs) out.push_back(pr.y.take());
   return out;
 }
 
 at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w, int64_t act) {
-  std::vector<Product> prs{{&x, &w, nullptr, Act::none}};
+  Product prs[] = {{&x, &w, nullptr, Act::none}};
   check_product("linear_one", prs[0]);
   prs[0].act = check_act("linear_one", act);
-  return run_products(prs)[0];
+  return run_products({prs, 1})[0];
 }
 
 at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
                        const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry,
                        int64_t act) {
   const std::array<at::Tensor, 4> side{mx, rx, my, ry};
-  std::vector<Product> prs{{&x, &w, side.data(), Act::none}};
+  Product prs[] = {{&x, &w, side.data(), Act::none}};
   check_product("mm8_one_i16", prs[0]);
   prs[0].act = check_act("mm8_one_i16", act);
-  return run_products(prs)[0];
+  return run_products({prs, 1})[0];
 }
 
 std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at::TensorList side,
@@ -276,7 +296,7 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
   TORCH_CHECK(side.size() == 4 * int8, op,
               ": side must hold mx, rx, my, ry of each uint8 w, in order: ", 4 * int8,
               " tensors for ", int8, ", got ", side.size());
-  std::vector<Product> prs;
+  c10::SmallVector<Product, 8> prs;
   prs.reserve(x.size());
   size_t s = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -295,7 +315,8 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
       throw;
     }
   }
-  return run_products(prs);
+  const Outputs ys = run_products({prs.data(), prs.size()});
+  return {ys.begin(), ys.end()};
 }
 
 at::Tensor linear_one_slabs(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
@@ -306,10 +327,10 @@ at::Tensor linear_one_slabs(const at::Tensor& x, const at::Tensor& w, at::Tensor
               q ? ": side must hold mx, rx, my, ry (w is uint8), got "
                 : ": side must be empty (w is not uint8), got ",
               side.size(), " tensors");
-  std::vector<Product> prs{{&x, &w, q ? side.data() : nullptr, Act::none}};
+  Product prs[] = {{&x, &w, q ? side.data() : nullptr, Act::none}};
   check_product(op, prs[0], true);
   prs[0].act = check_act(op, act);
-  return run_products(prs)[0];
+  return run_products({prs, 1})[0];
 }
 
 }  // namespace
