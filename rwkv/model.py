@@ -283,7 +283,6 @@ class RWKV(torch.nn.Module):
 
     # ------------------------------------------------------------------------------- internals
     def _token_ids(self, tokens) -> torch.Tensor:
-        V = self.info.vocab_size
         if isinstance(tokens, (bool, np.bool_)):
             raise TokenError(f"RWKV.forward: tokens must be token ids, got {tokens!r}")
         if isinstance(tokens, (int, np.integer)):
@@ -309,15 +308,22 @@ class RWKV(torch.nn.Module):
                 if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
                     raise TokenError(f"RWKV.forward: every token must be an int, got {t!r} "
                                      f"({type(t).__name__})")
-            ids = torch.tensor([int(t) for t in seq], dtype=torch.long) if seq else torch.empty(0, dtype=torch.long)
+            if not seq:
+                raise TokenError("RWKV.forward: tokens is empty; pass at least one token id")
+            vals = [int(t) for t in seq]
+            self._check_id_range(min(vals), max(vals))  # on Python ints: no tensor ops per token
+            return torch.tensor(vals, dtype=torch.long)
         if ids.numel() == 0:
             raise TokenError("RWKV.forward: tokens is empty; pass at least one token id")
-        lo, hi = int(ids.min()), int(ids.max())
+        self._check_id_range(int(ids.min()), int(ids.max()))
+        return ids
+
+    def _check_id_range(self, lo: int, hi: int) -> None:
+        V = self.info.vocab_size
         if lo < 0 or hi >= V:
             bad = lo if lo < 0 else hi
             raise TokenError(f"RWKV.forward: token id {bad} is out of range for this model's vocabulary "
                              f"(valid ids are 0..{V - 1})")
-        return ids
 
     def _print_plan(self, plan) -> None:
         L = self.info.n_layer

@@ -84,6 +84,8 @@ def test_state_semantics_and_snapshots(models, v):
 
 
 @pytest.mark.parametrize("bad,match", [([], "empty"), ([100], "out of range"), ([-1], "out of range"),
+                                       ([2 ** 70], "out of range"), ([5, -2 ** 70], "out of range"),
+                                       (np.array([100]), "out of range"), (torch.tensor([-1]), "out of range"),
                                        ([1.5], "must be an int"), (["a"], "must be an int"),
                                        (torch.tensor([[1, 2]]), "1-D"), (torch.tensor([1.0]), "integer"),
                                        ([True], "must be an int"), (None, "list of token ids")])
