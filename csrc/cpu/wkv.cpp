@@ -87,6 +87,14 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   return y;
 }
 
+// A block kernel's working memory, n floats: for one token (T == 1) this thread's `buf`, for
+// sequences a tensor kept in `held` (no tensor per call while decoding).
+float* kernel_scratch(int64_t T, int64_t n, Scratch& buf, at::Tensor& held) {
+  if (T == 1) return buf.get<float>(n);
+  held = pooled_empty({n}, at::kFloat);
+  return held.data_ptr<float>();
+}
+
 at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                       const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
                       const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
@@ -97,12 +105,14 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   const float* gp = in32(g);
   const at::ScalarType dt = g.scalar_type();
   const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
-  at::Tensor scratch = pooled_empty({d.H, d.N}, at::kFloat);
+  thread_local Scratch one_token;
+  at::Tensor held;
+  float* scratch = kernel_scratch(d.T, d.H * d.N, one_token, held);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
                   state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
-                  gp, in(p), static_cast<float>(eps), scratch.data_ptr<float>() + h0 * d.N,
+                  gp, in(p), static_cast<float>(eps), scratch + h0 * d.N,
                   y.data());
   });
   return y.take();
@@ -127,15 +137,9 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   }
   const at::ScalarType dt = r.scalar_type();
   const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt));
-  at::Tensor scratch_t;
-  float* scratch = nullptr;
-  if (d.T == 1) {
-    thread_local Scratch one_token;
-    scratch = one_token.get<float>(6 * C);
-  } else {
-    scratch_t = pooled_empty({d.H, 6 * d.N}, at::kFloat);
-    scratch = scratch_t.data_ptr<float>();
-  }
+  thread_local Scratch one_token;
+  at::Tensor held;
+  float* scratch = kernel_scratch(d.T, 6 * C, one_token, held);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
