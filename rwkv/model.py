@@ -153,6 +153,9 @@ def convert_checkpoint(model, strategy: str, out: str, *, rescale_layer: int | N
     return out
 
 
+_NO_TOKENS = "RWKV.forward: tokens is empty; pass at least one token id"
+
+
 class RWKV(torch.nn.Module):
     """Drop-in for upstream's ``RWKV(model, strategy, verbose=True, convert_and_save_and_exit=None)``.
 
@@ -309,12 +312,12 @@ class RWKV(torch.nn.Module):
                     raise TokenError(f"RWKV.forward: every token must be an int, got {t!r} "
                                      f"({type(t).__name__})")
             if not seq:
-                raise TokenError("RWKV.forward: tokens is empty; pass at least one token id")
+                raise TokenError(_NO_TOKENS)
             vals = [int(t) for t in seq]
             self._check_id_range(min(vals), max(vals))  # on Python ints: no tensor ops per token
             return torch.tensor(vals, dtype=torch.long)
         if ids.numel() == 0:
-            raise TokenError("RWKV.forward: tokens is empty; pass at least one token id")
+            raise TokenError(_NO_TOKENS)
         self._check_id_range(int(ids.min()), int(ids.max()))
         return ids
 

@@ -4,7 +4,7 @@
 // .to() does). While decoding these are a few thousand values, where an ATen conversion's
 // dispatch and TensorIterator set-up would cost more than the copy: a plain loop. Long inputs
 // (prefill: millions of values) use ATen's conversion, vectorized and threaded (the same values).
-// Fp32Result spares a token's bf16 results their fp32 tensor.
+// Fp32Inputs and Fp32Result spare a token's bf16 inputs and results their fp32 tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,7 +13,6 @@
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "cpu/pooled.h"

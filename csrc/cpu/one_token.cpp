@@ -7,18 +7,18 @@
 // between threads as one range (for_member_blocks), the kernels of the active instruction set
 // computing each column, with an optional activation (common/activation.h). An int8 matrix's
 // activation (xs = x*ry, its sums and its int16 rounding) is prepared inside that region by the
-// first thread to reach its columns (prepare_int8). A group, or a slab product, is thus one call and one
-// parallel region where separate products are several: while decoding, each call costs tens of
-// microseconds beyond its weight's reading (docs/kernels.md). Schemas: rwkv/ops/_schemas.py. Math:
-// csrc/cpu/kernels/linear.h, kernels/mm8.h.
+// first thread to reach its columns (prepare_int8). A group, or a slab product, is thus one call
+// and one parallel region where separate products are several: while decoding, each call costs
+// tens of microseconds beyond its weight's reading (docs/kernels.md). Schemas:
+// rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h, kernels/mm8.h.
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
 #include <atomic>
-#include <memory>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -128,9 +128,8 @@ void check_product(const char* op, Product& pr, bool slabs = false) {
 }
 
 // Prepares checked products (the serial part; int8 activations later, prepare_int8), then
-// computes every output column, threaded.
-// Returns each y in its x's dtype.
-// (Small arrays: while decoding, each heap allocation here is a measurable cost per call.)
+// computes every output column, threaded. Returns each y in its x's dtype. (Small arrays, not
+// heap vectors: while decoding, each allocation here is a measurable cost per call.)
 Outputs run_products(Products prs) {
   // This thread's scratch: each x in fp32 (where it is not contiguous fp32 already), int8 parts'
   // xs and sums, their int16 rounding of xs, and the results of slabs after the first.
