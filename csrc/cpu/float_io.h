@@ -38,7 +38,7 @@ inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::Sca
   return out;
 }
 
-// y (contiguous fp32) in dtype dt: y itself when dt is fp32, else its values rounded to bf16.
+// y (contiguous fp32) in dtype dt: y itself when dt is fp32, else narrowed_values().
 inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   if (dt == at::kFloat) return y;
   return narrowed_values(y.data_ptr<float>(), y.sizes(), dt);

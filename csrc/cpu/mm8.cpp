@@ -35,12 +35,6 @@ at::Tensor fp32(const at::Tensor& t) {
   return t.to(at::kFloat).contiguous();
 }
 
-at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x) {
-  if (x.scalar_type() == at::kFloat) return y;
-  if (x.scalar_type() == at::kBFloat16) return narrowed(y, at::kBFloat16);
-  return y.to(x.scalar_type());
-}
-
 namespace {
 
 // From this many rows on, mm8_seq converts column tiles of q and lets a GEMM (tile_product) do
@@ -159,7 +153,7 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
     float* yp = y.data_ptr<float>();
     for_blocks(p.M, 16, p.T * p.N, [&](int64_t m0, int64_t m1) { mm8_columns(p, m0, m1, yp); });
   }
-  return in_dtype(y, x);
+  return narrowed(y, x.scalar_type());
 }
 
 at::Tensor mm8_one(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,

@@ -33,9 +33,6 @@ inline at::Tensor as_column_major(const at::Tensor& w) {
 // costs more in dispatch and set-up than the copy: 0.4-0.8 ms per 1.5b bf16i8 token).
 at::Tensor fp32(const at::Tensor& t);
 
-// y (contiguous fp32) in x's dtype (bf16: narrowed(), the same rounding as .to()).
-at::Tensor in_dtype(const at::Tensor& y, const at::Tensor& x);
-
 // Prepares arguments that passed check_mm8 (which gave d). Sequences (seq) keep xs and the sums
 // in tensors (the tiled path hands them to at::mm); one token (x [N] or [1, N]) writes them to
 // `one_token_buf`, which must hold mm8_one_token_floats(N) floats, 64-byte aligned.

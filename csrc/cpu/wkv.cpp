@@ -112,8 +112,7 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
                   state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
-                  gp, in(p), static_cast<float>(eps), scratch + h0 * d.N,
-                  y.data());
+                  gp, in(p), static_cast<float>(eps), scratch + h0 * d.N, y.data());
   });
   return y.take();
 }
@@ -152,7 +151,9 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
 
 // The new matrix state a block op writes (the schema's comment, rwkv/ops/_schemas.py): memory
 // from the block pool.
-at::Tensor pooled_empty_like(const at::Tensor& t) { return pooled_empty(t.sizes(), t.scalar_type()); }
+at::Tensor pooled_empty_like(const at::Tensor& t) {
+  return pooled_empty(t.sizes(), t.scalar_type());
+}
 
 }  // namespace
 }  // namespace cpu
