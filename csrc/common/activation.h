@@ -8,6 +8,9 @@
 
 #include <cmath>
 #include <cstdint>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace rwkv {
 
@@ -24,7 +27,7 @@ inline float activate(Act a, float v) {
   switch (a) {
     case Act::sigmoid: return 1.0f / (1.0f + std::exp(-v));
     case Act::relu2: {
-      const float r = v > 0.0f ? v : 0.0f;
+      const float r = v < 0.0f ? 0.0f : v;  // torch.relu: NaN stays NaN
       return r * r;
     }
     case Act::tanh: return std::tanh(v);
@@ -33,10 +36,28 @@ inline float activate(Act a, float v) {
   }
 }
 
-// y[0..n) in place (CPU memory).
+// y[0..n) in place (CPU memory). Relu squared (the FFN key's 4*C outputs per layer) is a
+// branch-free SSE loop: a scalar loop branched on each value's sign, which random signs
+// mispredict half the time (24-layer C=128 v7 `cpu fp32i8`: 1.065 -> 0.996 ms per token).
 inline void activate(Act a, float* y, int64_t n) {
-  if (a == Act::none) return;
-  for (int64_t i = 0; i < n; ++i) y[i] = activate(a, y[i]);
+  switch (a) {
+    case Act::none: return;
+    case Act::relu2: {
+      int64_t i = 0;
+#if defined(__SSE__)
+      // maxps(0, v) gives its second operand v unless 0 > v: `v < 0 ? 0 : v` (NaN stays NaN).
+      const __m128 zero = _mm_setzero_ps();
+      for (; i + 4 <= n; i += 4) {
+        const __m128 r = _mm_max_ps(zero, _mm_loadu_ps(y + i));
+        _mm_storeu_ps(y + i, _mm_mul_ps(r, r));
+      }
+#endif
+      for (; i < n; ++i) y[i] = activate(a, y[i]);
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = activate(a, y[i]);
+  }
 }
 
 }  // namespace rwkv

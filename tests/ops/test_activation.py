@@ -94,3 +94,31 @@ def test_linear_one_activation_cuda(act, rng):
     fn = compiled_or_skip("linear_one", "cuda")
     x, w = inputs("linear_one", rng, torch.bfloat16)
     check(fn, (x.cuda(), w.cuda()), ACTIVATIONS[act])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_relu_squared_special_values(cpu_isa, op, rng):
+    """Relu squared of NaN, infinities and negative values as torch's relu(y)**2 gives them (NaN
+    stays NaN), in the vector part of the loop and in its tail (M = 70 columns). The special
+    outputs come from one weight row times x = e_0 (linear_one) or from the column offsets mx,
+    which the product adds times sum(x) ~ 1 (mm8_one_i16)."""
+    fn = compiled_or_skip(op)
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.5, -0.5, 2.0, -3.0])
+    column = special[torch.arange(M) % len(special)]
+    with _testing.force_cpu_isa(cpu_isa):
+        if op == "linear_one":
+            x, w = test_linear_one.make_inputs(N, M, rng, dtype=torch.float32)
+            x = torch.zeros_like(x)
+            x[0] = 1.0
+            w = w.clone()
+            w[0] = column
+            args = (x, w)
+        else:
+            x, w, _, rx, my, ry = inputs(op, rng)
+            args = (x, w, column, rx, my, ry)
+        plain = fn(*args, 0)
+        assert plain.isnan().any() and (plain == float("inf")).any() and (plain == float("-inf")).any()
+        assert (plain.nan_to_num() < 0).sum() > M // 4
+        got = fn(*args, ACTIVATIONS["relu2"])
+        torch.testing.assert_close(got, ACTIVATION_FNS[ACTIVATIONS["relu2"]](plain), equal_nan=True,
+                                   rtol=0, atol=0)
