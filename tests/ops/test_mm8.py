@@ -302,12 +302,15 @@ def test_mm8_one_i16_bound_is_tight_enough_to_matter(impl, rng):
     assert float((err / int8_noise).max()) < 0.05
 
 
+@pytest.mark.parametrize("N", [20000, 140000])
 @pytest.mark.parametrize("sign", [1, -1])
-def test_mm8_one_i16_no_int32_overflow(cpu_isa, sign):
-    # Every product at its largest (|xq| = XQ_MAX, w = 255) over 20000 rows: the integer sums pass
-    # 2^31 many times over, so partial sums must be widened in time (kernels/mm8.h, flush).
+def test_mm8_one_i16_no_int32_overflow(cpu_isa, sign, N):
+    # Every product at its largest (|xq| = XQ_MAX, w = 255): over 20000 rows the integer sums pass
+    # 2^31 many times over, so partial sums must be widened in time (kernels/mm8.h, flush). The
+    # avx512vnni split sums (h and l, each product at most 255 * 128) pass 2^31 only past 65536
+    # rows: 140000 rows need its flushes too.
     fn = compiled_or_skip("mm8_one_i16")
-    N, M = 20000, 5
+    M = 5
     x = torch.full((N,), float(sign))
     w = torch.full((M, N), 255, dtype=torch.uint8).t()
     mx, my = torch.zeros(M), torch.zeros(N, 1)

@@ -170,7 +170,7 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
                             float scale, const float* sums, const float* rx, const float* mx,
                             float* y) {
   using D = typename V::Dot16;
-  constexpr int64_t kStep = D::kStep, kFlush = 2048;
+  constexpr int64_t kStep = D::kStep, kFlush = D::kFlushRows;
   const uint8_t* col[B];
   D d[B];
   for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;

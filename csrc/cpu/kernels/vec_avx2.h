@@ -92,6 +92,7 @@ struct VecAvx2 {
   // 2048 elements (32 steps) stay below 2^31.
   struct Dot16 {
     static constexpr int kStep = 64;
+    static constexpr int64_t kFlushRows = 2048;
     __m256i a0, a1, wide;  // wide: 4 x int64
     int64_t rest = 0;
     static void pack(int16_t*, int64_t) {}  // x stays as int16

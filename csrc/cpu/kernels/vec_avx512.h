@@ -77,6 +77,7 @@ struct VecAvx512 {
   // read); x must hold kStep readable values there (mm8_one_i16 pads it with zeros).
   struct Dot16 {
     static constexpr int kStep = 64;
+    static constexpr int64_t kFlushRows = 2048;
     __m512i a0, a1, wide;  // wide: 8 x int64
     // Written out: an implicit constructor would not get this file's target pragma (GCC).
     Dot16() : a0(_mm512_setzero_si512()), a1(a0), wide(a0) {}

@@ -67,9 +67,11 @@ struct VecScalar {
   }
 
   // Exact dot products of int16 x with uint8 q (mm8_one_i16): add() takes kStep elements, whose
-  // partial sums must be moved to 64 bits by flush() at least every 2048 elements.
+  // partial sums must be moved to 64 bits by flush() at least every kFlushRows elements (a
+  // multiple of kStep).
   struct Dot16 {
     static constexpr int kStep = 64;
+    static constexpr int64_t kFlushRows = 2048;
     int64_t total = 0;
     // x stays as int16 (VecAvx512Vnni::Dot16 repacks it).
     static void pack(int16_t*, int64_t) {}
