@@ -175,7 +175,7 @@ class Runtime:
                 new_state[i * per:(i + 1) * per] = [own(sx), S, own(sf)]
             if self.rescale > 0 and (i + 1) % self.rescale == 0:
                 x = x / 2
-        if not full_output:
+        if not full_output and rows(x) > 1:
             x = x[-1:]
         hd = self.plan[info.n_layer]
         x = moved(x, hd.atype, self.devices[info.n_layer])

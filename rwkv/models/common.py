@@ -16,7 +16,8 @@ LAYER_NORM_EPS = 1e-5  # F.layer_norm's default, which upstream's layer norms us
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), weight=w, bias=b, eps=LAYER_NORM_EPS)
+    """Over x's last dimension, w's length (read with rows(): a trace records no shape ops)."""
+    return F.layer_norm(x, (rows(w),), weight=w, bias=b, eps=LAYER_NORM_EPS)
 
 
 def stacked_mixes(mixes: list) -> tuple:
