@@ -87,10 +87,13 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   return y;
 }
 
-// A block kernel's working memory, n floats: for one token (T == 1) this thread's `buf`, for
+// A block kernel's working memory, n floats: for one token (T == 1) a buffer of this thread's, for
 // sequences a tensor kept in `held` (no tensor per call while decoding).
-float* kernel_scratch(int64_t T, int64_t n, Scratch& buf, at::Tensor& held) {
-  if (T == 1) return buf.get<float>(n);
+float* kernel_scratch(int64_t T, int64_t n, at::Tensor& held) {
+  if (T == 1) {
+    thread_local Scratch buf;  // one block op at a time per thread
+    return buf.get<float>(n);
+  }
   held = pooled_empty({n}, at::kFloat);
   return held.data_ptr<float>();
 }
@@ -105,9 +108,8 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   const float* gp = in32(g);
   const at::ScalarType dt = g.scalar_type();
   const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
-  thread_local Scratch one_token;
   at::Tensor held;
-  float* scratch = kernel_scratch(d.T, d.H * d.N, one_token, held);
+  float* scratch = kernel_scratch(d.T, d.H * d.N, held);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
@@ -136,9 +138,8 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   }
   const at::ScalarType dt = r.scalar_type();
   const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt));
-  thread_local Scratch one_token;
   at::Tensor held;
-  float* scratch = kernel_scratch(d.T, 6 * C, one_token, held);
+  float* scratch = kernel_scratch(d.T, 6 * C, held);
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N * 2), [&](int64_t h0, int64_t h1) {
     kt.wkv7_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
