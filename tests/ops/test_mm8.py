@@ -227,7 +227,7 @@ def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
 
 
 @pytest.mark.parametrize("N,M", [(1, 3), (63, 5), (64, 17), (65, 4), (127, 9), (128, 16),
-                                 (129, 33), (2048, 40), (4109, 9)])
+                                 (129, 33), (250, 7), (448, 5), (2048, 40), (4109, 9)])
 def test_mm8_one_i16_vnni_equals_avx512_bit_for_bit(N, M, rng):
     """avx512vnni computes the same exact integer dots as avx512 another way (bytes of the int16
     activation, vec_avx512vnni.h), with the same epilogue: identical bits, in both read orders,
