@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 namespace rwkv {
 namespace cpu {
@@ -17,13 +18,44 @@ namespace cpu {
 // Several members' units (a group's products, each with its own columns): their blocks laid end
 // to end, member after member, and shared out by work (member i's units cost work[i] each).
 // Calls body(i, u0, u1) for sub-ranges of member i's [0, units[i]) whose bounds are multiples of
-// `block` (or units[i]); every block exactly once. Each task first takes one contiguous run of
-// the first 7/8 of the work, at equal shares (a thread reads one run of consecutive memory
-// across the members, what the hardware prefetchers stream best); the last 1/8 is then taken in
-// small chunks, in order, by whichever task is free. The threads thus finish together even when
-// one ran slower (it started later, or its core read less): with a static split the faster one
-// waited ~1-2% of every product (0.85-1.6 ms per 1.5b token on the development machine).
-// (Small arrays, not heap vectors: while decoding this runs for every product call.)
+// `block` (or units[i]); every block exactly once. The work is cut into chunks of at most
+// kChunkWork, and each task owns an equal contiguous share of them, which it runs from the front,
+// in order (a thread reads one run of consecutive memory across the members, what the hardware
+// prefetchers stream best); a task whose share is done then takes chunks from the backs of the
+// others' shares. The threads thus finish together even when one ran slower (it started later,
+// or its core read less): with a static split the faster one waited ~1-2% of every product
+// (0.85-1.6 ms per 1.5b token on the development machine). An earlier scheme left the last 1/8
+// of the work to small shared chunks taken in turn; those alternate between the threads, and a
+// thread reading every other 32 KiB streamed at ~15 GB/s instead of ~30 (docs/kernels.md).
+// (Small arrays, not heap vectors, for up to 8 tasks: while decoding this runs for every product.)
+
+// The most work in one for_member_blocks chunk (each task's share is at least 16 chunks).
+constexpr int64_t kChunkWork = 256 * 1024;
+
+// Unclaimed chunks [front, back) of one task's share, claimed from either end.
+struct alignas(64) ChunkRange {
+  std::atomic<uint64_t> word{0};  // front << 32 | back
+  void init(int64_t front, int64_t back) {
+    word.store(static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(back),
+               std::memory_order_relaxed);
+  }
+  // The chunk taken, or -1 when none is left.
+  int64_t take_front() { return take(true); }
+  int64_t take_back() { return take(false); }
+
+ private:
+  int64_t take(bool front) {
+    uint64_t w = word.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t f = w >> 32, b = w & 0xffffffffu;
+      if (f >= b) return -1;
+      const uint64_t next = front ? (f + 1) << 32 | b : f << 32 | (b - 1);
+      if (word.compare_exchange_weak(w, next, std::memory_order_relaxed))
+        return static_cast<int64_t>(front ? f : b - 1);
+    }
+  }
+};
+
 template <class F>
 void for_member_blocks(c10::ArrayRef<int64_t> units, c10::ArrayRef<int64_t> work, int64_t block,
                        const F& body) {
@@ -50,15 +82,26 @@ void for_member_blocks(c10::ArrayRef<int64_t> units, c10::ArrayRef<int64_t> work
     run(0, total);
     return;
   }
-  const int64_t head = total - total / 8;
-  const int64_t chunk = std::max<int64_t>(1, (total - head) / (8 * tasks));
-  std::atomic<int64_t> next{head};
+  // Task t owns chunks [t*per, (t+1)*per) of the work and takes them from the front, in order;
+  // when its own are gone it takes other tasks' chunks from their backs.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kChunkWork, total / (tasks * 16)));
+  const int64_t chunks = (total + chunk - 1) / chunk;
+  ChunkRange few[8];
+  std::unique_ptr<ChunkRange[]> many;
+  ChunkRange* ranges = few;
+  if (tasks > 8) {
+    many.reset(new ChunkRange[tasks]);
+    ranges = many.get();
+  }
+  for (int64_t t = 0; t < tasks; ++t) ranges[t].init(chunks * t / tasks, chunks * (t + 1) / tasks);
+  auto run_chunk = [&](int64_t c) { run(c * chunk, std::min(total, (c + 1) * chunk)); };
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    const int64_t lo = head / tasks * t0 + std::min(t0, head % tasks);
-    const int64_t hi = head / tasks * t1 + std::min(t1, head % tasks);
-    run(lo, hi);
-    for (int64_t c = next.fetch_add(chunk); c < total; c = next.fetch_add(chunk)) {
-      run(c, std::min(total, c + chunk));
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t c; (c = ranges[t].take_front()) >= 0;) run_chunk(c);
+      for (int64_t u = 1; u < tasks; ++u) {
+        ChunkRange& other = ranges[(t + u) % tasks];
+        for (int64_t c; (c = other.take_back()) >= 0;) run_chunk(c);
+      }
     }
   });
 }
