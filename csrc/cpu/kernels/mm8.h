@@ -162,9 +162,12 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
   return amax / kXqMax;
 }
 
-// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], 64 bytes per step, then the
-// same epilogue as mm8_columns with dot = scale * (float)sum. kAhead > 0 adds a software prefetch
-// that many bytes ahead on each column stream.
+// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], Dot16::kStep bytes per
+// step, then the same epilogue as mm8_columns with dot = scale * (float)sum. kAhead > 0 adds a
+// software prefetch that many bytes ahead on each column stream, one per 64-byte line of the
+// step (with avx512vnni's 128-byte steps a prefetch of only the first line per step left every
+// other line to the hardware: 2048x8192 from DRAM 27.3-27.8 against 29.3-29.8 GB/s on the
+// twenty-first session's Intel Xeon).
 template <class V, int B, int64_t kAhead>
 inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8_t* q,
                             float scale, const float* sums, const float* rx, const float* mx,
@@ -179,7 +182,9 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
     for (int64_t n = n0; n < n1; n += kStep) {
       if (kAhead > 0)
-        for (int b = 0; b < B; ++b) __builtin_prefetch(col[b] + n + kAhead);
+        for (int b = 0; b < B; ++b)
+          for (int64_t line = 0; line < kStep; line += 64)
+            __builtin_prefetch(col[b] + n + kAhead + line);
       for (int b = 0; b < B; ++b) d[b].add(xq + n, col[b] + n);
     }
     for (int b = 0; b < B; ++b) d[b].flush();
