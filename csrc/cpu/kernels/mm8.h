@@ -167,8 +167,10 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
 // software prefetch that many bytes ahead on each column stream, one per 64-byte line of the
 // step (with avx512vnni's 128-byte steps a prefetch of only the first line per step left every
 // other line to the hardware: 2048x8192 from DRAM 27.3-27.8 against 29.3-29.8 GB/s on the
-// twenty-first session's Intel Xeon).
-template <class V, int B, int64_t kAhead>
+// twenty-first session's Intel Xeon). kWrap: within the last kAhead bytes of its columns each
+// stream prefetches the same place in the next B columns (the stream that will read it), not the
+// bytes right after its column (which the B-1 streams beside it have read already).
+template <class V, int B, int64_t kAhead, bool kWrap = false>
 inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8_t* q,
                             float scale, const float* sums, const float* rx, const float* mx,
                             float* y) {
@@ -181,10 +183,12 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
   for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
     for (int64_t n = n0; n < n1; n += kStep) {
-      if (kAhead > 0)
+      if (kAhead > 0) {
+        const int64_t ahead = kWrap && n + kAhead >= N ? kAhead + (B - 1) * N : kAhead;
         for (int b = 0; b < B; ++b)
           for (int64_t line = 0; line < kStep; line += 64)
-            __builtin_prefetch(col[b] + n + kAhead + line);
+            __builtin_prefetch(col[b] + n + ahead + line);
+      }
       for (int b = 0; b < B; ++b) d[b].add(xq + n, col[b] + n);
     }
     for (int b = 0; b < B; ++b) d[b].flush();
@@ -200,7 +204,10 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
 // sequential: one column after another, no software prefetch, so each thread reads one
 // sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
 // 48 vs 21 GB/s). Otherwise column pairs with a software prefetch 2 KiB ahead (Intel: the
-// prefetch added 25-30%). docs/kernels.md has the measurements.
+// prefetch added 25-30%), which columns longer than that wrap into the next pair (from DRAM,
+// K rows x 2048 columns, the twenty-first session's Intel Xeon: K = 2560-8192 25-27 -> 27-30
+// GB/s; K = 2048 29.5 without against 26 GB/s with the wrap, kept without). docs/kernels.md has
+// the measurements.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
              const float* sums, const float* rx, const float* mx, float* y, bool sequential) {
@@ -209,8 +216,12 @@ void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t
     for (; m < m1; ++m) mm8_i16_columns<V, 1, 0>(N, m, xq, q, scale, sums, rx, mx, y);
     return;
   }
-  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, 2048>(N, m, xq, q, scale, sums, rx, mx, y);
-  for (; m < m1; ++m) mm8_i16_columns<V, 1, 2048>(N, m, xq, q, scale, sums, rx, mx, y);
+  constexpr int64_t kAhead = 2048;
+  if (N > kAhead)
+    for (; m + 2 <= m1; m += 2)
+      mm8_i16_columns<V, 2, kAhead, true>(N, m, xq, q, scale, sums, rx, mx, y);
+  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
+  for (; m < m1; ++m) mm8_i16_columns<V, 1, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
 }
 
 // Tiles for mm8_seq's BLAS path: columns [m0, m1) of q as rows of out [m1 - m0, N], either as
