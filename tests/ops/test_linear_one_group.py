@@ -90,11 +90,13 @@ def test_group_thread_split(threads, rng):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("threads", [2, 3, 9])
 def test_group_thread_split_covers_every_column(threads, rng):
-    # The split's shared tail (cpu/parallel.h) hands out chunks smaller than some members' blocks
-    # and across member boundaries: every column must still be computed (the results are
-    # uninitialized memory otherwise), which the reference, computed without threads, checks.
+    # The split (cpu/parallel.h) cuts the work into chunks smaller than some members' blocks and
+    # across member boundaries, each thread running its own share and then taking chunks from
+    # the others' (more than 8 threads: the shares' bookkeeping on the heap): every column must
+    # still be computed (the results are uninitialized memory otherwise), which the reference,
+    # computed without threads, checks.
     fn = compiled_or_skip(OP)
     args, _ = make_group(GROUPS["large"] + GROUPS["model_like"] + GROUPS["large"], rng)
     want = ops.resolve(OP, "cpu", "reference")(*args)
