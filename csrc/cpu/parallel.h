@@ -82,8 +82,8 @@ void for_member_blocks(c10::ArrayRef<int64_t> units, c10::ArrayRef<int64_t> work
     run(0, total);
     return;
   }
-  // Task t owns chunks [t*per, (t+1)*per) of the work and takes them from the front, in order;
-  // when its own are gone it takes other tasks' chunks from their backs.
+  // Task t owns chunks [chunks*t/tasks, chunks*(t+1)/tasks) and takes them from the front, in
+  // order; when its own are gone it takes other tasks' chunks from their backs.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kChunkWork, total / (tasks * 16)));
   const int64_t chunks = (total + chunk - 1) / chunk;
   ChunkRange few[8];

@@ -217,10 +217,12 @@ void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t
     return;
   }
   constexpr int64_t kAhead = 2048;
-  if (N > kAhead)
+  if (N > kAhead) {
     for (; m + 2 <= m1; m += 2)
       mm8_i16_columns<V, 2, kAhead, true>(N, m, xq, q, scale, sums, rx, mx, y);
-  for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
+  } else {
+    for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
+  }
   for (; m < m1; ++m) mm8_i16_columns<V, 1, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
 }
 
