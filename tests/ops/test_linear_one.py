@@ -33,7 +33,7 @@ def check(fn, N, M, rng, device="cpu", dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("N,M", [(1, 1), (16, 4), (77, 45), (300, 130), (2048, 67)])
+@pytest.mark.parametrize("N,M", [(1, 1), (16, 4), (12, 40), (64, 33), (77, 45), (300, 130), (2048, 67)])
 def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
     if device == "cuda" and dtype == torch.float32:
         pytest.skip("float32 linear_one is a CPU kernel (CUDA rejects it: test_linear_one_cuda_rejects_fp32)")
@@ -41,10 +41,17 @@ def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("N,M", [(77, 45), (1000, 9), (15, 3)])
+@pytest.mark.parametrize("N,M", [(77, 45), (1000, 9), (15, 3),
+                                 # short columns (at most 1 KiB: kernels/linear.h), a register's
+                                 # width of columns at a time, M leaving columns after those:
+                                 # rows fewer than a register, whole registers and a tail, at
+                                 # fp32's and bf16's limits and one row past fp32's
+                                 (3, 16), (12, 40), (16, 35), (24, 48), (64, 33), (96, 20),
+                                 (256, 17), (257, 18), (512, 16), (513, 17)])
 def test_linear_one_isa(cpu_isa, N, M, dtype, rng):
     # Both read orders (one column at a time, or 4 columns sharing each x load; M = 45 and 9 leave
-    # a remainder after the groups of 4): the same per-column summation, so the same bits.
+    # a remainder after the groups of 4): the same per-column summation, so the same bits. Short
+    # columns take the same path in both orders.
     fn = compiled_or_skip(OP)
     x, w = make_inputs(N, M, rng, dtype=dtype)
     out = {}

@@ -36,24 +36,58 @@ inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, flo
   for (int b = 0; b < B; ++b) y[m + b] = dot[b];
 }
 
-// Output columns [m0, m1): one column after another (sequential: one sequential stream per
+// Columns of at most this many bytes are short: the second factors of the low-rank products (the
+// rows are the rank: RWKV-6's time_decay_w2 64, RWKV-7's w2, a2, v2, g2 64-256 at 1.5B, 8-24 in
+// the benchmark's checkpoints). Summing each column into one float costs a horizontal sum of a
+// register (~8 instructions) plus a scalar loop over the rows past the last whole register, so
+// per byte read such columns ran compute-bound: fp32 [16, 2048] took 15 us from DRAM (8.8 GB/s),
+// [12, 2048] 24 us (4.1 GB/s).
+constexpr int64_t kShortColumnBytes = 1024;
+
+// Columns [m, m + W) of short columns, W = V::width: one column after the other (the W columns
+// are one run of consecutive memory), each column's products summed lane-wise in one register
+// (whole registers, then its last rows by a partial load that reads nothing past the column),
+// then the W registers' lanes summed all at once into one register of W results.
+template <class V, class T>
+inline void linear_short_columns(int64_t N, int64_t m, const float* x, const T* w, float* y) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  const int64_t full = N - N % W;
+  R acc[W];
+  for (int b = 0; b < W; ++b) {
+    const T* col = w + (m + b) * N;
+    R a = V::zero();
+    for (int64_t n = 0; n < full; n += W) a = V::fma(V::load(x + n), load_elems<V>(col + n), a);
+    if (full < N)
+      a = V::fma(V::load_partial(x + full, N - full), load_elems_partial<V>(col + full, N - full), a);
+    acc[b] = a;
+  }
+  V::store(y + m, V::reduce_add_columns(acc));
+}
+
+// Output columns [m0, m1): short columns W at a time (above; a last partial group as below), else
+// one column after another (sequential: one sequential stream per
 // thread, what AMD Zen 4 streams fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s)
 // or 4 columns at a time (4 streams sharing each load of x).
 template <class V, class T>
 void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, float* y,
                 bool sequential) {
   int64_t m = m0;
+  if (N * static_cast<int64_t>(sizeof(T)) <= kShortColumnBytes)
+    for (; m + V::width <= m1; m += V::width) linear_short_columns<V>(N, m, x, w, y);
   if (!sequential)
     for (; m + 4 <= m1; m += 4) linear_columns<V, 4>(N, m, x, w, y);
   for (; m < m1; ++m) linear_columns<V, 1>(N, m, x, w, y);
 }
 
 // linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
-// (V::bf16_columns): the same column orders as above.
+// (V::bf16_columns, V::bf16_short_columns): the same column orders as above.
 template <class V>
 void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, const uint16_t* w,
                       float* y, bool sequential) {
   int64_t m = m0;
+  if (N * 2 <= kShortColumnBytes)
+    for (; m + V::width <= m1; m += V::width) V::bf16_short_columns(N, m, x, w, y);
   if (!sequential)
     for (; m + 4 <= m1; m += 4) V::template bf16_columns<4>(N, m, x, w, y);
   for (; m < m1; ++m) V::template bf16_columns<1>(N, m, x, w, y);

@@ -71,6 +71,28 @@ struct VecAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // See VecScalar::load_partial (0 < n < 8): fp32 by a masked load; bf16 through a zeroed copy
+  // (AVX2 has no 16-bit masked load).
+  static reg load_partial(const float* p, int64_t n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes));
+  }
+  static reg load_bf16_partial(const uint16_t* p, int64_t n) {
+    alignas(16) uint16_t t[8] = {};
+    for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+    return load_bf16(t);
+  }
+  // See VecScalar::reduce_add_columns: pairs of registers interleaved and added within 128-bit
+  // halves, then quadruples, then the two halves.
+  static reg reduce_add_columns(const reg* a) {
+    __m256 u[4];
+    for (int i = 0; i < 4; ++i)
+      u[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                           _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    const __m256 v0 = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xEE));
+    const __m256 v1 = _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+  }
   // 8 bytes -> 8 floats.
   static reg load_u8(const uint8_t* p) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));

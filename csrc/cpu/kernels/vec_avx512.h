@@ -57,6 +57,29 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(a)));
   }
+  // See VecScalar::load_partial (0 < n < 16): masked loads.
+  static reg load_partial(const float* p, int64_t n) {
+    return _mm512_maskz_loadu_ps(_cvtu32_mask16((1u << n) - 1), p);
+  }
+  static reg load_bf16_partial(const uint16_t* p, int64_t n) {
+    const __m256i h = _mm256_maskz_loadu_epi16(_cvtu32_mask16((1u << n) - 1), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // See VecScalar::reduce_add_columns: pairs of registers interleaved and added within 128-bit
+  // lanes, then quadruples (each 128-bit lane then holds 4 registers' partial sums), then the
+  // 128-bit lanes in pairs, twice.
+  static reg reduce_add_columns(const reg* a) {
+    __m512 u[8], v[4];
+    for (int i = 0; i < 8; ++i)
+      u[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                           _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+      v[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44),
+                           _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x88), _mm512_shuffle_f32x4(v[2], v[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+  }
   // 16 bytes -> 16 floats.
   static reg load_u8(const uint8_t* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

@@ -60,6 +60,28 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
     for (int b = 0; b < B; ++b)
       y[m + b] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
   }
+
+  // Columns [m, m + 16) of short columns (linear.h, linear_short_columns): one column after the
+  // other, each summed in one register (steps of 32 values, then the tail by masked loads), then
+  // the 16 registers' lanes summed at once.
+  static void bf16_short_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w,
+                                 float* y) {
+    __m512 acc[16];
+    const int64_t full = N - N % 32;
+    const __mmask32 tail = _cvtu32_mask32((1u << (N - full)) - 1);
+    for (int b = 0; b < 16; ++b) {
+      const uint16_t* col = w + (m + b) * N;
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t n = 0; n < full; n += 32)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x + n),
+                             (__m512bh)_mm512_loadu_si512(col + n));
+      if (full < N)
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + full),
+                             (__m512bh)_mm512_maskz_loadu_epi16(tail, col + full));
+      acc[b] = a;
+    }
+    _mm512_storeu_ps(y + m, reduce_add_columns(acc));
+  }
 };
 
 }  // namespace RWKV_ISA

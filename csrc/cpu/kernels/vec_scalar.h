@@ -44,6 +44,12 @@ struct VecScalar {
   static reg exp(reg a) { return __builtin_expf(a); }
   static reg abs(reg a) { return __builtin_fabsf(a); }
   static float reduce_add(reg a) { return a; }
+  // The first n < width elements, the other lanes zero; never reads past them (linear.h's short
+  // columns; with width 1 there is no such n, so this is never called).
+  static reg load_partial(const float* p, int64_t n) { return n > 0 ? *p : 0.0f; }
+  static reg load_bf16_partial(const uint16_t* p, int64_t n) { return n > 0 ? load_bf16(p) : 0.0f; }
+  // width registers -> one register whose lane b is the sum of a[b]'s lanes.
+  static reg reduce_add_columns(const reg* a) { return a[0]; }
   static float reduce_max(reg a) { return a; }
   // a rounded in the current rounding mode (nearest-even unless changed), saturated to int16, as
   // the SIMD conversions do.
@@ -92,6 +98,13 @@ template <class V>
 inline typename V::reg load_elems(const float* p) { return V::load(p); }
 template <class V>
 inline typename V::reg load_elems(const uint16_t* p) { return V::load_bf16(p); }
+// The first n < V::width elements (the rest of the register zero), never reading past them.
+template <class V>
+inline typename V::reg load_elems_partial(const float* p, int64_t n) { return V::load_partial(p, n); }
+template <class V>
+inline typename V::reg load_elems_partial(const uint16_t* p, int64_t n) {
+  return V::load_bf16_partial(p, n);
+}
 
 }  // namespace RWKV_ISA
 }  // namespace cpu
