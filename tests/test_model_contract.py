@@ -253,9 +253,10 @@ def test_grouped_products_equal_separate_products(paths, v, strategy):
 @pytest.mark.parametrize("v", ["4", "7"])  # (3.5x FFNs here, 224 rows, have no 64-row slabs)
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
 def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, strategy):
-    """One-token products of matrices kept in row slabs are one linear_one_slabs call each, with
-    the results of one product per slab summed in fp32 (bit for bit with fp32 activations; bf16
-    now rounds the sum once instead of each slab's product)."""
+    """One-token products of matrices kept in row slabs are one linear_one_slabs call each (or one
+    linear_one_residual call, which computes the same product and adds the residual), with the
+    results of one product per slab summed in fp32 (bit for bit with fp32 activations; bf16 now
+    rounds the sum once instead of each slab's product)."""
     from rwkv import ops, slabs
     from rwkv.models.common import Projection, projections
     if "compiled" not in ops.backend_report().splitlines()[0]:
@@ -266,11 +267,11 @@ def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, stra
     split = [p for m in per_slab._rt.att + per_slab._rt.ffn for p in projections(m) if p.slabs is not None]
     assert split and all(p._slabs_one is not None for p in split)
     for p in split:
-        p._slabs_one = None  # the slab-by-slab path
+        p._slabs_one = p._residual_one = None  # the slab-by-slab path, then torch's add
     calls = []
-    real = ops.resolve("linear_one_slabs", "cpu")
     for p in (p for m in fused._rt.att + fused._rt.ffn for p in projections(m) if p.slabs is not None):
-        p._slabs_one = lambda *args, _op=real: calls.append(1) or _op(*args)
+        for attr, name in (("_slabs_one", "linear_one_slabs"), ("_residual_one", "linear_one_residual")):
+            setattr(p, attr, lambda *args, _op=ops.resolve(name, "cpu"): calls.append(1) or _op(*args))
     _, s = fused.forward([1, 2, 3], None)
     a, sa = fused.forward([5], _clone(s))
     b, sb = per_slab.forward([5], _clone(s))
@@ -280,6 +281,33 @@ def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, stra
     else:
         assert torch.equal(a, b)
         assert all(torch.equal(x, y) for x, y in zip(sa, sb))
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+def test_residual_adds_in_the_products_equal_torch_adds(paths, v, strategy):
+    """One-token decode adds each block's residual (and the FFN's gate, v4-v6) in the output and
+    FFN value products' linear_one_residual calls; the logits and state are those of the product
+    followed by torch's add (and mul), bit for bit."""
+    from rwkv import ops
+    from rwkv.models.common import projections
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    separate = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    for p in (p for m in separate._rt.att + separate._rt.ffn for p in projections(m)):
+        assert p._residual_one is not None
+        p._residual_one = None
+    calls = []
+    real = ops.resolve("linear_one_residual", "cpu")
+    for p in (p for m in fused._rt.att + fused._rt.ffn for p in projections(m)):
+        p._residual_one = lambda *args, _op=real: calls.append(1) or _op(*args)
+    _, s = fused.forward([1, 2, 3], None)
+    a, sa = fused.forward([5], _clone(s))
+    b, sb = separate.forward([5], _clone(s))
+    assert len(calls) == 2 * CFG["n_layer"]  # each layer's output and FFN value product
+    assert torch.equal(a, b)
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 
 
 def test_verbose_plan_names_the_int8_decode_op(paths, capsys):

@@ -1,7 +1,8 @@
 // ATen glue for the products of one token on CPU: linear_one (bf16/fp32 matrix-vector),
 // mm8_one_i16 (int8 weights, the activation rounded to int16), linear_one_group (several such
-// products in one call) and linear_one_slabs (one product whose weight is stored as row slabs,
-// rwkv/slabs.py: the slabs' products summed). Every product is checked in the contract's words
+// products in one call), linear_one_slabs (one product whose weight is stored as row slabs,
+// rwkv/slabs.py: the slabs' products summed) and linear_one_residual (one of those products, then
+// a residual add, and a gate before it, in the same call). Every product is checked in the contract's words
 // (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself),
 // then the output columns of every matrix (a product's weight or one of its slabs) are split
 // between threads as one range (for_member_blocks), the kernels of the active instruction set
@@ -12,6 +13,8 @@
 // tens of microseconds beyond its weight's reading (docs/kernels.md). Schemas:
 // rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/linear.h, kernels/mm8.h.
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -19,6 +22,7 @@
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -318,18 +322,74 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
   return {ys.begin(), ys.end()};
 }
 
-at::Tensor linear_one_slabs(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
-                            int64_t act) {
-  const char* op = "linear_one_slabs";
+// One product of x whose side tensors come as a list (empty for a dense w, mx, rx, my, ry for a
+// uint8 one), checked in `op`'s words.
+Product one_product(const char* op, const at::Tensor& x, const at::Tensor& w,
+                    at::TensorList side, int64_t act, bool slabs) {
   const bool q = w.scalar_type() == at::kByte;
   TORCH_CHECK(side.size() == (q ? 4u : 0u), op,
               q ? ": side must hold mx, rx, my, ry (w is uint8), got "
                 : ": side must be empty (w is not uint8), got ",
               side.size(), " tensors");
-  Product prs[] = {{&x, &w, q ? side.data() : nullptr, Act::none}};
-  check_product(op, prs[0], true);
-  prs[0].act = check_act(op, act);
+  Product pr{&x, &w, q ? side.data() : nullptr, Act::none};
+  check_product(op, pr, slabs);
+  pr.act = check_act(op, act);
+  return pr;
+}
+
+at::Tensor linear_one_slabs(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
+                            int64_t act) {
+  Product prs[] = {one_product("linear_one_slabs", x, w, side, act, true)};
   return run_products({prs, 1})[0];
+}
+
+// y = residual + y, or residual + gate * y, in place; each operation rounded to T as torch's
+// elementwise ops round it (fp32: one IEEE operation each; bf16 and fp16: computed in fp32, then
+// rounded to nearest even), so the result is that of `residual + gate * y` in torch, bit for
+// bit. (This file is compiled without FMA: the product and the sum never share one rounding.)
+template <class T>
+void add_residual(T* y, const T* residual, const T* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = static_cast<float>(y[i]);
+    if (gate != nullptr) v = static_cast<float>(static_cast<T>(static_cast<float>(gate[i]) * v));
+    y[i] = static_cast<T>(static_cast<float>(residual[i]) + v);
+  }
+}
+
+at::Tensor linear_one_residual(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
+                               int64_t act, const at::Tensor& residual,
+                               const std::optional<at::Tensor>& gate) {
+  const char* op = "linear_one_residual";
+  Product prs[] = {one_product(op, x, w, side, act, w.dim() == 3)};
+  const RowShape shape = one_row_shape(x, prs[0].M);
+  const at::IntArrayRef want(shape.data(), shape.size());
+  const at::Tensor* extra[] = {&residual, gate.has_value() ? &*gate : nullptr};
+  const char* names[] = {"residual", "gate"};
+  for (int i = 0; i < 2; ++i) {
+    if (extra[i] == nullptr) continue;
+    const at::Tensor& t = *extra[i];
+    TORCH_CHECK(t.device() == x.device(), op, ": ", names[i], " must be on the same device as x (",
+                x.device(), "), got ", t.device());
+    TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", names[i], " must be ",
+                dtype_name(x.scalar_type()), " (x's dtype), got ", dtype_name(t.scalar_type()));
+    TORCH_CHECK(t.sizes() == want, op, ": ", names[i], " must have the product's shape ", want,
+                ", got ", t.sizes());
+  }
+  at::Tensor y = run_products({prs, 1})[0];  // a new tensor in x's dtype, ours to write
+  const at::Tensor r = residual.contiguous();
+  const at::Tensor g = gate.has_value() ? gate->contiguous() : at::Tensor();
+  const int64_t n = y.numel();
+  if (y.scalar_type() == at::kFloat) {
+    add_residual(y.data_ptr<float>(), r.data_ptr<float>(),
+                 g.defined() ? g.data_ptr<float>() : nullptr, n);
+  } else if (y.scalar_type() == at::kBFloat16) {
+    add_residual(y.data_ptr<at::BFloat16>(), r.data_ptr<at::BFloat16>(),
+                 g.defined() ? g.data_ptr<at::BFloat16>() : nullptr, n);
+  } else {  // check_product admits fp16 besides those for int8 weights
+    add_residual(y.data_ptr<at::Half>(), r.data_ptr<at::Half>(),
+                 g.defined() ? g.data_ptr<at::Half>() : nullptr, n);
+  }
+  return y;
 }
 
 }  // namespace
@@ -341,4 +401,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("mm8_one_i16", &rwkv::cpu::mm8_one_i16);
   m.impl("linear_one_group", &rwkv::cpu::linear_one_group);
   m.impl("linear_one_slabs", &rwkv::cpu::linear_one_slabs);
+  m.impl("linear_one_residual", &rwkv::cpu::linear_one_residual);
 }

@@ -29,7 +29,7 @@ class ChannelMix:
     def __call__(self, x: torch.Tensor, sx: torch.Tensor):
         xx, mixed = self.ln_mix(x, sx)
         if self.version == 7:
-            return x + self.value(self.key(mixed[0], act="relu2")), xx[-1]
+            return self.value.add_to(x, self.key(mixed[0], act="relu2")), xx[-1]
         kx, rx = mixed.unbind(0)
         r, h = self.rk([rx, kx])
-        return x + r * self.value(h), xx[-1]
+        return self.value.add_to(x, h, gate=r), xx[-1]

@@ -28,4 +28,4 @@ class TimeMixV4:
         # (No .contiguous() or no-op .to() here: the ops make their inputs contiguous themselves,
         # and each call left in would be an op of the one-token graph.)
         y = self.wkv(self.decay, self.first, k, v, aa, bb, pp)
-        return x + self.output(r * moved(y, x.dtype, y.device)), xx[-1]
+        return self.output.add_to(x, r * moved(y, x.dtype, y.device)), xx[-1]

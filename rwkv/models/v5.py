@@ -56,7 +56,7 @@ class TimeMixV5:
         """S_old: the caller's matrix state (never written). Returns (x + out, shift, new state)."""
         xx, inputs = self._inputs(x, sx)
         y, S = self._block(S_old, *inputs, x.dtype)
-        return x + self.output(y), xx[-1], S
+        return self.output.add_to(x, y), xx[-1], S
 
     def _block(self, S_old, r, k, v, g, decay, dtype):
         """The recurrence, the group norm and the gate: (the input of the output projection, the

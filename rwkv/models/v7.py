@@ -67,4 +67,4 @@ class TimeMixV7:
         else:
             S = S_old.clone()
             y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
-        return x + self.output(y), xa[-1], v_first, S
+        return self.output.add_to(x, y), xa[-1], v_first, S

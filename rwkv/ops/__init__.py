@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_slabs", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_slabs", "linear_one_residual", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -128,6 +128,15 @@ def linear_one_slabs(x: Tensor, w: Tensor, side: list, act: int = 0, *, mode: st
     products (mm8_one_i16 with side = [mx, rx, my, ry] for uint8 w, else linear_one, side empty)
     summed in fp32, then the activation code ``act``; in x's dtype. CPU."""
     return resolve("linear_one_slabs", x.device.type, mode)(x, w, side, act)
+
+
+def linear_one_residual(x: Tensor, w: Tensor, side: list, act: int, residual: Tensor,
+                        gate: Tensor | None = None, *, mode: str = "auto") -> Tensor:
+    """``residual + y`` (``residual + gate * y`` with a gate) for the one-token product y that
+    linear_one (bf16/fp32 w), mm8_one_i16 (uint8 w, side = [mx, rx, my, ry]) or linear_one_slabs
+    (w [S, N/S, M]) computes, in one call: each elementwise operation rounded to x's dtype as
+    torch's are. CPU."""
+    return resolve("linear_one_residual", x.device.type, mode)(x, w, side, act, residual, gate)
 
 
 def pooled_empty_like(t: Tensor, *, mode: str = "auto") -> Tensor:

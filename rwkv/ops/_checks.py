@@ -314,11 +314,10 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
     return N, M
 
 
-def validate_linear_one_slabs(x, w, side) -> tuple:
+def validate_linear_one_slabs(x, w, side, op: str = "linear_one_slabs") -> tuple:
     """Checks linear_one_slabs' arguments (x [N] or [1, N] bf16/fp32; w [S, N/S, M] row slabs, each
     column-major; uint8 w with side = mx, rx, my, ry, else w in x's dtype and side empty); returns
-    (N, M, S)."""
-    op = "linear_one_slabs"
+    (N, M, S). ``op`` names the op in messages."""
     q = w.dtype == torch.uint8
     torch._check(len(side) == (4 if q else 0),
                  lambda: f"{op}: side must " + ("hold mx, rx, my, ry (w is uint8)" if q else
@@ -343,6 +342,32 @@ def validate_linear_one_slabs(x, w, side) -> tuple:
         return N, M, S
     _check_side(op, x, side, N, M, True)
     return N, M, S
+
+
+def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
+    """Checks linear_one_residual's arguments (the product's as linear_one, mm8_one_i16 or
+    linear_one_slabs takes them; residual and gate: the product's shape and x's dtype); returns M."""
+    op = "linear_one_residual"
+    q = w.dtype == torch.uint8
+    torch._check(len(side) == (4 if q else 0),
+                 lambda: f"{op}: side must " + ("hold mx, rx, my, ry (w is uint8)" if q else
+                                                 "be empty (w is not uint8)") + f", got {len(side)} tensors")
+    if w.dim() == 3:
+        M = validate_linear_one_slabs(x, w, side, op)[1]
+    elif q:
+        M = validate_mm8(op, x, w, *side, False, fp32_side=True)[1]
+    else:
+        M = validate_linear_one(x, w, op)[1]
+    check_act(op, act)
+    shape = one_row_shape(x, M)
+    for name, t in (("residual", residual), ("gate", gate)):
+        if t is None:
+            continue
+        check_same_device(op, ("x", name), (x, t))
+        check_dtype(op, name, t, x.dtype, " (x's dtype)")
+        torch._check(tuple(t.shape) == tuple(shape),
+                     lambda: f"{op}: {name} must have the product's shape {list(shape)}, got {_shape(t)}")
+    return M
 
 
 def linear_one_group_members(x, w, side) -> list:

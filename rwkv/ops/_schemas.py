@@ -227,6 +227,20 @@ def _linear_one_slabs_fake(x, w, side, act=0):
     return x.new_empty(_checks.one_row_shape(x, M))
 
 
+# One one-token product (CPU) as linear_one (bf16/fp32 w [N, M]), mm8_one_i16 (uint8 w [N, M],
+# side = mx, rx, my, ry) or linear_one_slabs (w [S, N/S, M]) would compute it, y in x's dtype;
+# then residual + y, or residual + gate * y with a gate, each operation rounded to x's dtype as
+# torch's elementwise ops round it. residual and gate: y's shape and x's dtype. Returns the sum.
+_define("linear_one_residual",
+        "(Tensor x, Tensor w, Tensor[] side, int act, Tensor residual, Tensor? gate=None) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one_residual")
+def _linear_one_residual_fake(x, w, side, act, residual, gate=None):
+    M = _checks.validate_linear_one_residual(x, w, side, act, residual, gate)
+    return x.new_empty(_checks.one_row_shape(x, M))
+
+
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
 # the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
@@ -239,4 +253,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
-       "linear_one_group", "linear_one_slabs", "pooled_empty_like")
+       "linear_one_group", "linear_one_slabs", "linear_one_residual", "pooled_empty_like")

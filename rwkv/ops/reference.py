@@ -385,3 +385,17 @@ def linear_one_slabs(x, w, side, act=0):
             part = linear_one(x32[..., rows_s], w[s].to(f))
         y = part if y is None else y + part
     return activate(y, act).to(x.dtype)
+
+
+def linear_one_residual(x, w, side, act, residual, gate=None):
+    """The one-token product linear_one_slabs (w [S, N/S, M]), mm8_one_i16 (uint8 w, side = mx,
+    rx, my, ry) or linear_one (bf16/fp32 w) computes, then ``residual + y`` or, with a gate,
+    ``residual + gate * y`` (torch's ops, in x's dtype)."""
+    _checks.validate_linear_one_residual(x, w, side, act, residual, gate)
+    if w.dim() == 3:
+        y = linear_one_slabs(x, w, side, act)
+    elif w.dtype == torch.uint8:
+        y = mm8_one_i16(x, w, *side, act)
+    else:
+        y = linear_one(x, w, act)
+    return residual + (y if gate is None else gate * y)
