@@ -223,29 +223,36 @@ def test_exact_int8_switch(paths, v, monkeypatch):
 @pytest.mark.parametrize("v", VERSIONS)
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
 def test_grouped_products_equal_separate_products(paths, v, strategy):
-    """One-token decode puts each layer's independent products into linear_one_group calls; the
-    logits and state are those of the separate product calls, bit for bit."""
+    """One-token decode puts each layer's independent products into linear_one_group calls, and a
+    group with the second factors of its low-rank products (RWKV-6's decay, RWKV-7's) into one
+    linear_one_chain call; the logits and state are those of the separate product calls, bit for
+    bit."""
     from rwkv import ops
-    from rwkv.models.common import ProjectionGroup
+    from rwkv.models.common import ProjectionChain, ProjectionGroup
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+
+    def members(model, kind):
+        return [g for m in model._rt.att + model._rt.ffn for g in vars(m).values() if isinstance(g, kind)]
+
     # (Op by op: the traced graph, tested below, would call the groups only while tracing.)
     grouped = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
     separate = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    groups = [g for m in separate._rt.att + separate._rt.ffn for g in vars(m).values()
-              if isinstance(g, ProjectionGroup)]
+    groups, chains = members(separate, ProjectionGroup), members(separate, ProjectionChain)
     assert len(groups) == 2 * CFG["n_layer"] and all(g.op is not None for g in groups)
-    for g in groups:
+    assert len(chains) == (CFG["n_layer"] if v in ("6", "7") else 0) and all(c.op is not None for c in chains)
+    for g in groups + chains + [c.second for c in chains]:
         g.op = None
     calls = []
-    real = ops.resolve("linear_one_group", "cpu")
-    for g in (g for m in grouped._rt.att + grouped._rt.ffn for g in vars(m).values()
-              if isinstance(g, ProjectionGroup)):
-        g.op = lambda *args, _op=real: calls.append(1) or _op(*args)
+    for kind, name in ((ProjectionGroup, "linear_one_group"), (ProjectionChain, "linear_one_chain")):
+        for g in members(grouped, kind):
+            g.op = lambda *args, _op=ops.resolve(name, "cpu"): calls.append(1) or _op(*args)
     _, s = grouped.forward([1, 2, 3], None)
     a, sa = grouped.forward([5], _clone(s))
     b, sb = separate.forward([5], _clone(s))
-    assert len(calls) == len(groups)  # every group made its one call
+    chained = {id(g) for c in chains for g in (c.first, c.second)}
+    # every group made its one call, a chain's two groups one call together
+    assert len(calls) == sum(id(g) not in chained for g in groups) + len(chains)
     assert torch.equal(a, b)
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 

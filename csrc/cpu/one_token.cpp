@@ -287,25 +287,24 @@ at::Tensor mm8_one_i16(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   return run_products({prs, 1})[0];
 }
 
-std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at::TensorList side,
-                                         at::IntArrayRef act) {
-  const char* op = "linear_one_group";
-  TORCH_CHECK(!x.empty(), op, ": needs at least one product, got none");
-  TORCH_CHECK(w.size() == x.size() && act.size() == x.size(), op,
-              ": x, w and act must have the same length (one entry per product), got ", x.size(),
-              ", ", w.size(), " and ", act.size());
+// Checks w's side tensors (4 per uint8 w, in order) in `op`'s words.
+void check_side_count(const char* op, at::TensorList w, at::TensorList side) {
   size_t int8 = 0;
   for (const at::Tensor& t : w) int8 += t.scalar_type() == at::kByte;
   TORCH_CHECK(side.size() == 4 * int8, op,
               ": side must hold mx, rx, my, ry of each uint8 w, in order: ", 4 * int8,
               " tensors for ", int8, ", got ", side.size());
-  c10::SmallVector<Product, 8> prs;
-  prs.reserve(x.size());
-  size_t s = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
+}
+
+// Products i in [i0, i0 + n) of a group: x xs[i - i0], w[i] with its side tensors from *s on
+// (advanced past them), act[i]; each checked, an error naming the product.
+void add_products(const char* op, c10::SmallVector<Product, 8>& prs, const at::Tensor* const* xs,
+                  at::TensorList w, at::TensorList side, at::IntArrayRef act, size_t i0, size_t n,
+                  size_t* s) {
+  for (size_t i = i0; i < i0 + n; ++i) {
     const bool q = w[i].scalar_type() == at::kByte;
-    prs.push_back({&x[i], &w[i], q ? &side[s] : nullptr, Act::none});
-    s += q ? 4 : 0;
+    prs.push_back({xs[i - i0], &w[i], q ? &side[*s] : nullptr, Act::none});
+    *s += q ? 4 : 0;
     try {
       check_product(op, prs.back());
       prs.back().act = check_act(op, act[i]);
@@ -318,8 +317,52 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
       throw;
     }
   }
+}
+
+std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at::TensorList side,
+                                         at::IntArrayRef act) {
+  const char* op = "linear_one_group";
+  TORCH_CHECK(!x.empty(), op, ": needs at least one product, got none");
+  TORCH_CHECK(w.size() == x.size() && act.size() == x.size(), op,
+              ": x, w and act must have the same length (one entry per product), got ", x.size(),
+              ", ", w.size(), " and ", act.size());
+  check_side_count(op, w, side);
+  c10::SmallVector<const at::Tensor*, 8> xs;
+  for (const at::Tensor& t : x) xs.push_back(&t);
+  c10::SmallVector<Product, 8> prs;
+  size_t s = 0;
+  add_products(op, prs, xs.data(), w, side, act, 0, x.size(), &s);
   const Outputs ys = run_products({prs.data(), prs.size()});
   return {ys.begin(), ys.end()};
+}
+
+// Two groups in one call: products [0, len(x)) of x, then one product of the result of product
+// src[j] for each j (a low-rank product's second factor after its first).
+std::vector<at::Tensor> linear_one_chain(at::TensorList x, at::TensorList w, at::TensorList side,
+                                         at::IntArrayRef act, at::IntArrayRef src) {
+  const char* op = "linear_one_chain";
+  TORCH_CHECK(!x.empty(), op, ": needs at least one product of x, got none");
+  TORCH_CHECK(w.size() == x.size() + src.size() && act.size() == w.size(), op,
+              ": w and act must have one entry per product (len(x) + len(src) = ",
+              x.size() + src.size(), "), got ", w.size(), " and ", act.size());
+  for (size_t j = 0; j < src.size(); ++j)
+    TORCH_CHECK(src[j] >= 0 && src[j] < static_cast<int64_t>(x.size()), op, ": src[", j,
+                "] must name one of the ", x.size(), " products of x (0 to ", x.size() - 1,
+                "), got ", src[j]);
+  check_side_count(op, w, side);
+  c10::SmallVector<const at::Tensor*, 8> xs;
+  for (const at::Tensor& t : x) xs.push_back(&t);
+  c10::SmallVector<Product, 8> first, second;
+  size_t s = 0;
+  add_products(op, first, xs.data(), w, side, act, 0, x.size(), &s);
+  const Outputs y1 = run_products({first.data(), first.size()});
+  xs.clear();
+  for (const int64_t j : src) xs.push_back(&y1[j]);
+  add_products(op, second, xs.data(), w, side, act, x.size(), src.size(), &s);
+  const Outputs y2 = run_products({second.data(), second.size()});
+  std::vector<at::Tensor> out(y1.begin(), y1.end());
+  out.insert(out.end(), y2.begin(), y2.end());
+  return out;
 }
 
 // One product of x whose side tensors come as a list (empty for a dense w, mx, rx, my, ry for a
@@ -400,6 +443,7 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("linear_one", &rwkv::cpu::linear_one);
   m.impl("mm8_one_i16", &rwkv::cpu::mm8_one_i16);
   m.impl("linear_one_group", &rwkv::cpu::linear_one_group);
+  m.impl("linear_one_chain", &rwkv::cpu::linear_one_chain);
   m.impl("linear_one_slabs", &rwkv::cpu::linear_one_slabs);
   m.impl("linear_one_residual", &rwkv::cpu::linear_one_residual);
 }

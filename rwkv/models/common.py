@@ -304,12 +304,47 @@ class ProjectionGroup:
                 and _compiled("linear_one_group", "CPU"):
             self.op = ops.resolve("linear_one_group", "cpu", mode)
 
+    def fusable(self, xs: list) -> bool:
+        """Whether the products of xs can be one compiled call (linear_one_group's members)."""
+        return (self.op is not None and rows(xs[0]) == 1 and all(p.groupable for p in self.projs)
+                and all(x.dtype == p.weight.dtype for x, p in zip(xs, self.projs) if not p.int8))
+
+    def finish(self, ys: list) -> list:
+        """The compiled call's results in the members' out_dtypes."""
+        return [y if od is None or y.dtype == od else y.to(od) for y, od in zip(ys, self.out_dtypes)]
+
     def __call__(self, xs: list) -> list:
-        if (self.op is not None and rows(xs[0]) == 1 and all(p.groupable for p in self.projs)
-                and all(x.dtype == p.weight.dtype for x, p in zip(xs, self.projs) if not p.int8)):
-            ys = self.op(xs, self.weights, self.side, self.acts)
-            return [y if od is None or y.dtype == od else y.to(od) for y, od in zip(ys, self.out_dtypes)]
+        if self.fusable(xs):
+            return self.finish(self.op(xs, self.weights, self.side, self.acts))
         return [p(x, od, act) for (p, act, od), x in zip(self.members, xs)]
+
+
+class ProjectionChain:
+    """Two ProjectionGroups of the same token, the second's inputs being results of the first (the
+    low-rank products: RWKV-6's decay and RWKV-7's first factors, then their second factors):
+    ``__call__(xs)`` returns ``(first(xs), second([its results at src]))``, the same values. For
+    one token on CPU, where each group would make one call, that is one ``linear_one_chain`` call:
+    the hop between two calls (the first's results unpacked, the second's argument lists built,
+    the dispatch) cost ~20 us while decoding, its code and data flushed by the weights."""
+
+    def __init__(self, first: ProjectionGroup, second: ProjectionGroup, src: list, mode: str):
+        self.first, self.second, self.src = first, second, list(src)
+        self.weights = first.weights + second.weights
+        self.side = first.side + second.side
+        self.acts = first.acts + second.acts
+        self.op = None
+        # (A result passed on must be the one the first group returns: no out_dtype conversion.)
+        if first.op is not None and second.op is not None and _compiled("linear_one_chain", "CPU") \
+                and all(first.out_dtypes[j] is None for j in self.src):
+            self.op = ops.resolve("linear_one_chain", "cpu", mode)
+
+    def __call__(self, xs: list) -> tuple:
+        # The second products' x are first results, which have their x's dtype and shape.
+        if self.op is not None and self.first.fusable(xs) and self.second.fusable([xs[j] for j in self.src]):
+            ys = self.op(xs, self.weights, self.side, self.acts, self.src)
+            return self.first.finish(ys[:len(xs)]), self.second.finish(ys[len(xs):])
+        a = self.first(xs)
+        return a, self.second([a[j] for j in self.src])
 
 
 def _slab_side(side: tuple, r0: int, r1: int) -> tuple:

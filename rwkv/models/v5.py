@@ -6,8 +6,8 @@ import torch
 
 from .. import ops
 from ..ops.reference import group_norm, maa_mix_math, wkv6_block_math
-from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, stacked_mixes,
-                     state_buffer)
+from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, fused_op,
+                     stacked_mixes, state_buffer)
 
 
 class TimeMixV5:
@@ -77,6 +77,12 @@ class TimeMixV6(TimeMixV5):
 
     op_name = "wkv6_forward"
 
+    def __init__(self, w: dict, i: int, dd, info, mode: str, stream: bool):
+        super().__init__(w, i, dd, info, mode, stream)
+        # The decay's second factor after the products (its input: the first factor's result).
+        self.decay_products = ProjectionChain(
+            self.products, ProjectionGroup([(self.decay_w2, None, torch.float32)], mode), [4], mode)
+
     def _load_mixes(self, w, p, dd, mode):
         a = p + "att."
         # ln_mix gives xx + (prev - xx) * time_maa_x, the input of the low-rank token-shift path.
@@ -104,8 +110,8 @@ class TimeMixV6(TimeMixV5):
         else:
             mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa)
         wx, kx, vx, rx, gx = mixed.unbind(0)  # (5, T, C): w, k, v, r, g
-        r, k, v, g, w1 = self.products([rx, kx, vx, gx, wx])
-        return xx, (r, k, v, g, self.decay_w2(w1, torch.float32))
+        (r, k, v, g, _), (w,) = self.decay_products([rx, kx, vx, gx, wx])
+        return xx, (r, k, v, g, w)
 
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]

@@ -6,7 +6,8 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import GROUP_NORM_EPS, LnMix, Projection, ProjectionGroup, fused_op, moved, state_buffer
+from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, fused_op, moved,
+                     state_buffer)
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -44,6 +45,9 @@ class TimeMixV7:
             first.append((self.v1, None, None))
             second.append((self.v2, None, None))
         self.first_products, self.second_products = ProjectionGroup(first, mode), ProjectionGroup(second, mode)
+        # The second factors' inputs: w1, a1, g1 (and v1) of the first products.
+        self.products = ProjectionChain(self.first_products, self.second_products,
+                                        [1, 4, 5] + ([6] if i > 0 else []), mode)
         self.wkv = ops.resolve("wkv7_forward", torch.device(dd.device).type, mode)
         self.block = fused_op("wkv7_block", dd, mode)
         self.state_buffer = state_buffer(self.block, dd)
@@ -54,8 +58,8 @@ class TimeMixV7:
         """S_old: the caller's state (never written). Returns (x + out, shift, v_first, new state)."""
         xa, mixed = self.ln_mix(x, sx)
         xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
-        r, w1, k, v, a1, g1, *v1 = self.first_products([xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
-        w, a, g, *v2 = self.second_products([w1, a1, g1] + v1)
+        (r, w1, k, v, a1, g1, *v1), (w, a, g, *v2) = self.products(
+            [xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
         if self.layer == 0:
             v_first, v_gate, vf = v, None, None
         else:

@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_slabs", "linear_one_residual", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -121,6 +121,15 @@ def linear_one_group(x: list, w: list, side: list, act: list, *, mode: str = "au
     if not x:  # no tensor to dispatch on: the reference says what is wrong
         return reference.linear_one_group(x, w, side, act)
     return resolve("linear_one_group", x[0].device.type, mode)(x, w, side, act)
+
+
+def linear_one_chain(x: list, w: list, side: list, act: list, src: list, *, mode: str = "auto") -> list:
+    """Two groups of one-token products in one call: linear_one_group's products of x, then for
+    each j the product of the result of product src[j] with w[len(x) + j] (a low-rank product's
+    second factor). w, side and act cover all the products. Returns every result, in order."""
+    if not x:  # no tensor to dispatch on: the reference says what is wrong
+        return reference.linear_one_chain(x, w, side, act, src)
+    return resolve("linear_one_chain", x[0].device.type, mode)(x, w, side, act, src)
 
 
 def linear_one_slabs(x: Tensor, w: Tensor, side: list, act: int = 0, *, mode: str = "auto") -> Tensor:

@@ -370,10 +370,9 @@ def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
     return M
 
 
-def linear_one_group_members(x, w, side) -> list:
+def linear_one_group_members(x, w, side, op: str = "linear_one_group") -> list:
     """linear_one_group's products as (op name, x, w, (mx, rx, my, ry) or None): side holds the
     side tensors of each uint8 w in turn. Checks side's length."""
-    op = "linear_one_group"
     n8 = sum(t.dtype == torch.uint8 for t in w)
     torch._check(len(side) == 4 * n8,
                  lambda: f"{op}: side must hold mx, rx, my, ry of each uint8 w, in order: {4 * n8} "
@@ -384,6 +383,34 @@ def linear_one_group_members(x, w, side) -> list:
         members.append((f"{op} (product {i})", xi, wi, tuple(side[s:s + 4]) if q else None))
         s += 4 if q else 0
     return members
+
+
+def validate_linear_one_chain(x, w, side, act, src) -> tuple:
+    """Checks linear_one_chain's arguments (a second product's x: its src product's result, of that
+    x's dtype and M columns); returns ((N, M) of the products of x, (N, M) of the others)."""
+    op = "linear_one_chain"
+    torch._check(len(x) > 0, lambda: f"{op}: needs at least one product of x, got none")
+    n = len(x) + len(src)
+    torch._check(len(w) == n and len(act) == n,
+                 lambda: f"{op}: w and act must have one entry per product (len(x) + len(src) = {n}), "
+                         f"got {len(w)} and {len(act)}")
+    for j, s in enumerate(src):
+        torch._check(0 <= s < len(x),
+                     lambda: f"{op}: src[{j}] must name one of the {len(x)} products of x (0 to "
+                             f"{len(x) - 1}), got {s}")
+    members = linear_one_group_members([*x, *([None] * len(src))], w, side, op)
+    first = []
+    for (name, xi, wi, side_i), a in zip(members[:len(x)], act):
+        first.append(validate_linear_one(xi, wi, name) if side_i is None else
+                     validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
+        check_act(name, a)
+    second = []
+    for (name, _, wi, side_i), a, s in zip(members[len(x):], act[len(x):], src):
+        xi = x[s].new_empty(one_row_shape(x[s], first[s][1]))  # the shape and dtype of its x
+        second.append(validate_linear_one(xi, wi, name) if side_i is None else
+                      validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
+        check_act(name, a)
+    return first, second
 
 
 def validate_linear_one_group(x, w, side, act) -> list:

@@ -212,6 +212,19 @@ def _linear_one_group_fake(x, w, side, act):
     return [xi.new_empty(_checks.one_row_shape(xi, M)) for xi, (N, M) in zip(x, dims)]
 
 
+# Two linear_one_group calls in one (CPU): products i < len(x) of x[i], then product len(x) + j
+# of the result of product src[j] (a low-rank product's second factor after its first); w, side
+# and act as linear_one_group's, for all the products in order. Returns each y, in that order.
+_define("linear_one_chain", "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act, int[] src) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one_chain")
+def _linear_one_chain_fake(x, w, side, act, src):
+    first, second = _checks.validate_linear_one_chain(x, w, side, act, src)
+    ys = [xi.new_empty(_checks.one_row_shape(xi, M)) for xi, (N, M) in zip(x, first)]
+    return ys + [ys[j].new_empty(_checks.one_row_shape(ys[j], M)) for j, (N, M) in zip(src, second)]
+
+
 # One one-token product whose weight is stored as row slabs (rwkv/slabs.py; CPU): w [S, N/S, M],
 # slab s a column-major matrix of rows s*N/S.., uint8 (side = mx, rx [M], my, ry [N, 1] in x's
 # dtype or fp32: mm8_one_i16's math per slab, one int16 scale per slab) or in x's dtype (bf16 or
@@ -253,4 +266,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
-       "linear_one_group", "linear_one_slabs", "linear_one_residual", "pooled_empty_like")
+       "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "pooled_empty_like")

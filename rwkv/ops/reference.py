@@ -399,3 +399,15 @@ def linear_one_residual(x, w, side, act, residual, gate=None):
     else:
         y = linear_one(x, w, act)
     return residual + (y if gate is None else gate * y)
+
+
+def linear_one_chain(x, w, side, act, src):
+    """Products i < len(x): linear_one_group's of x[i]; then product len(x) + j of the result of
+    product src[j]. w, side (4 per uint8 w, in order) and act cover all of them. Returns every
+    result, in that order."""
+    _checks.validate_linear_one_chain(x, w, side, act, src)
+    members = _checks.linear_one_group_members([*x, *([None] * len(src))], w, side, "linear_one_chain")
+    first = [linear_one(xi, wi, a) if side_i is None else mm8_one_i16(xi, wi, *side_i, a)
+             for (_, xi, wi, side_i), a in zip(members, act[:len(x)])]
+    return first + [linear_one(first[j], wi, a) if side_i is None else mm8_one_i16(first[j], wi, *side_i, a)
+                    for (_, _, wi, side_i), a, j in zip(members[len(x):], act[len(x):], src)]
