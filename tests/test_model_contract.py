@@ -223,10 +223,10 @@ def test_exact_int8_switch(paths, v, monkeypatch):
 @pytest.mark.parametrize("v", VERSIONS)
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
 def test_grouped_products_equal_separate_products(paths, v, strategy):
-    """One-token decode puts each layer's independent products into linear_one_group calls, and a
+    """One-token decode puts each layer's independent products into linear_one_group calls, a
     group with the second factors of its low-rank products (RWKV-6's decay, RWKV-7's) into one
-    linear_one_chain call; the logits and state are those of the separate product calls, bit for
-    bit."""
+    linear_one_chain call, and a channel mix's group with its value product into one linear_one_ffn
+    call; the logits and state are those of the separate product calls, bit for bit."""
     from rwkv import ops
     from rwkv.models.common import ProjectionChain, ProjectionGroup
     if "compiled" not in ops.backend_report().splitlines()[0]:
@@ -239,20 +239,26 @@ def test_grouped_products_equal_separate_products(paths, v, strategy):
     grouped = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
     separate = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
     groups, chains = members(separate, ProjectionGroup), members(separate, ProjectionChain)
-    assert len(groups) == 2 * CFG["n_layer"] and all(g.op is not None for g in groups)
+    assert len(groups) == (3 if v == "7" else 2) * CFG["n_layer"] and all(g.op is not None for g in groups)
     assert len(chains) == (CFG["n_layer"] if v in ("6", "7") else 0) and all(c.op is not None for c in chains)
+    assert all(f.one_op is not None for f in separate._rt.ffn)
     for g in groups + chains + [c.second for c in chains]:
         g.op = None
+    for f in separate._rt.ffn:
+        f.one_op = None
     calls = []
     for kind, name in ((ProjectionGroup, "linear_one_group"), (ProjectionChain, "linear_one_chain")):
         for g in members(grouped, kind):
             g.op = lambda *args, _op=ops.resolve(name, "cpu"): calls.append(1) or _op(*args)
+    for f in grouped._rt.ffn:
+        f.one_op = lambda *args, _op=ops.resolve("linear_one_ffn", "cpu"): calls.append(1) or _op(*args)
     _, s = grouped.forward([1, 2, 3], None)
     a, sa = grouped.forward([5], _clone(s))
     b, sb = separate.forward([5], _clone(s))
-    chained = {id(g) for c in chains for g in (c.first, c.second)}
-    # every group made its one call, a chain's two groups one call together
-    assert len(calls) == sum(id(g) not in chained for g in groups) + len(chains)
+    joined = {id(g) for c in chains for g in (c.first, c.second)} | {id(f.rk) for f in separate._rt.ffn}
+    # every group made its one call, a chain's two groups one call together, a channel mix's
+    # group one call with its value product
+    assert len(calls) == sum(id(g) not in joined for g in groups) + len(chains) + CFG["n_layer"]
     assert torch.equal(a, b)
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 
@@ -261,9 +267,9 @@ def test_grouped_products_equal_separate_products(paths, v, strategy):
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
 def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, strategy):
     """One-token products of matrices kept in row slabs are one linear_one_slabs call each (or one
-    linear_one_residual call, which computes the same product and adds the residual), with the
-    results of one product per slab summed in fp32 (bit for bit with fp32 activations; bf16 now
-    rounds the sum once instead of each slab's product)."""
+    linear_one_residual or linear_one_ffn call, which compute the same product and add the
+    residual), with the results of one product per slab summed in fp32 (bit for bit with fp32
+    activations; bf16 now rounds the sum once instead of each slab's product)."""
     from rwkv import ops, slabs
     from rwkv.models.common import Projection, projections
     if "compiled" not in ops.backend_report().splitlines()[0]:
@@ -275,10 +281,14 @@ def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, stra
     assert split and all(p._slabs_one is not None for p in split)
     for p in split:
         p._slabs_one = p._residual_one = None  # the slab-by-slab path, then torch's add
+    for f in per_slab._rt.ffn:
+        f.one_op = None
     calls = []
     for p in (p for m in fused._rt.att + fused._rt.ffn for p in projections(m) if p.slabs is not None):
         for attr, name in (("_slabs_one", "linear_one_slabs"), ("_residual_one", "linear_one_residual")):
             setattr(p, attr, lambda *args, _op=ops.resolve(name, "cpu"): calls.append(1) or _op(*args))
+    for f in (f for f in fused._rt.ffn if f.value.slabs is not None):
+        f.one_op = lambda *args, _op=ops.resolve("linear_one_ffn", "cpu"): calls.append(1) or _op(*args)
     _, s = fused.forward([1, 2, 3], None)
     a, sa = fused.forward([5], _clone(s))
     b, sb = per_slab.forward([5], _clone(s))
@@ -305,14 +315,18 @@ def test_residual_adds_in_the_products_equal_torch_adds(paths, v, strategy):
     for p in (p for m in separate._rt.att + separate._rt.ffn for p in projections(m)):
         assert p._residual_one is not None
         p._residual_one = None
+    for f in separate._rt.ffn:  # (linear_one_ffn adds the FFN's residual itself)
+        f.one_op = None
     calls = []
     real = ops.resolve("linear_one_residual", "cpu")
     for p in (p for m in fused._rt.att + fused._rt.ffn for p in projections(m)):
         p._residual_one = lambda *args, _op=real: calls.append(1) or _op(*args)
+    for f in fused._rt.ffn:
+        f.one_op = lambda *args, _op=ops.resolve("linear_one_ffn", "cpu"): calls.append(1) or _op(*args)
     _, s = fused.forward([1, 2, 3], None)
     a, sa = fused.forward([5], _clone(s))
     b, sb = separate.forward([5], _clone(s))
-    assert len(calls) == 2 * CFG["n_layer"]  # each layer's output and FFN value product
+    assert len(calls) == 2 * CFG["n_layer"]  # each layer's output product and channel mix
     assert torch.equal(a, b)
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 

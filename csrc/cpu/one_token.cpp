@@ -399,14 +399,12 @@ void add_residual(T* y, const T* residual, const T* gate, int64_t n) {
   }
 }
 
-at::Tensor linear_one_residual(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
-                               int64_t act, const at::Tensor& residual,
-                               const std::optional<at::Tensor>& gate) {
-  const char* op = "linear_one_residual";
-  Product prs[] = {one_product(op, x, w, side, act, w.dim() == 3)};
-  const RowShape shape = one_row_shape(x, prs[0].M);
+// Checks a residual and a gate (nullptr: none) for a product of x with M columns, in op's words.
+void check_residual(const char* op, const at::Tensor& x, int64_t M, const at::Tensor& residual,
+                    const at::Tensor* gate) {
+  const RowShape shape = one_row_shape(x, M);
   const at::IntArrayRef want(shape.data(), shape.size());
-  const at::Tensor* extra[] = {&residual, gate.has_value() ? &*gate : nullptr};
+  const at::Tensor* extra[] = {&residual, gate};
   const char* names[] = {"residual", "gate"};
   for (int i = 0; i < 2; ++i) {
     if (extra[i] == nullptr) continue;
@@ -418,9 +416,12 @@ at::Tensor linear_one_residual(const at::Tensor& x, const at::Tensor& w, at::Ten
     TORCH_CHECK(t.sizes() == want, op, ": ", names[i], " must have the product's shape ", want,
                 ", got ", t.sizes());
   }
-  at::Tensor y = run_products({prs, 1})[0];  // a new tensor in x's dtype, ours to write
+}
+
+// y = residual + y, or residual + gate * y (add_residual), y being a product's new result.
+void apply_residual(at::Tensor& y, const at::Tensor& residual, const at::Tensor* gate) {
   const at::Tensor r = residual.contiguous();
-  const at::Tensor g = gate.has_value() ? gate->contiguous() : at::Tensor();
+  const at::Tensor g = gate != nullptr ? gate->contiguous() : at::Tensor();
   const int64_t n = y.numel();
   if (y.scalar_type() == at::kFloat) {
     add_residual(y.data_ptr<float>(), r.data_ptr<float>(),
@@ -432,6 +433,45 @@ at::Tensor linear_one_residual(const at::Tensor& x, const at::Tensor& w, at::Ten
     add_residual(y.data_ptr<at::Half>(), r.data_ptr<at::Half>(),
                  g.defined() ? g.data_ptr<at::Half>() : nullptr, n);
   }
+}
+
+at::Tensor linear_one_residual(const at::Tensor& x, const at::Tensor& w, at::TensorList side,
+                               int64_t act, const at::Tensor& residual,
+                               const std::optional<at::Tensor>& gate) {
+  const char* op = "linear_one_residual";
+  Product prs[] = {one_product(op, x, w, side, act, w.dim() == 3)};
+  const at::Tensor* g = gate.has_value() ? &*gate : nullptr;
+  check_residual(op, x, prs[0].M, residual, g);
+  at::Tensor y = run_products({prs, 1})[0];  // a new tensor in x's dtype, ours to write
+  apply_residual(y, residual, g);
+  return y;
+}
+
+// A channel mix in one call: products i < len(x) of x[i] (linear_one_group's), then the value
+// product w[len(x)] (a matrix or row slabs) of the last one's result, then residual + y, or
+// residual + (result of product gate) * y for gate >= 0 (RWKV-4/5/6's receptance).
+at::Tensor linear_one_ffn(at::TensorList x, at::TensorList w, at::TensorList side,
+                          at::IntArrayRef act, const at::Tensor& residual, int64_t gate) {
+  const char* op = "linear_one_ffn";
+  TORCH_CHECK(!x.empty(), op, ": needs at least one product of x, got none");
+  TORCH_CHECK(w.size() == x.size() + 1 && act.size() == x.size(), op,
+              ": w must hold a weight per x and the value's (", x.size() + 1,
+              "), act one per x (", x.size(), "), got ", w.size(), " and ", act.size());
+  TORCH_CHECK(gate >= -1 && gate < static_cast<int64_t>(x.size()), op,
+              ": gate must be -1 (none) or one of the ", x.size(), " products of x, got ", gate);
+  check_side_count(op, w, side);
+  const size_t n = x.size();
+  c10::SmallVector<const at::Tensor*, 8> xs;
+  for (const at::Tensor& t : x) xs.push_back(&t);
+  c10::SmallVector<Product, 8> first;
+  size_t s = 0;
+  add_products(op, first, xs.data(), w, side, act, 0, n, &s);
+  const Outputs y1 = run_products({first.data(), first.size()});
+  Product value[] = {one_product(op, y1[n - 1], w[n], side.slice(s), 0, w[n].dim() == 3)};
+  const at::Tensor* g = gate >= 0 ? &y1[gate] : nullptr;
+  check_residual(op, y1[n - 1], value[0].M, residual, g);
+  at::Tensor y = run_products({value, 1})[0];
+  apply_residual(y, residual, g);
   return y;
 }
 
@@ -446,4 +486,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("linear_one_chain", &rwkv::cpu::linear_one_chain);
   m.impl("linear_one_slabs", &rwkv::cpu::linear_one_slabs);
   m.impl("linear_one_residual", &rwkv::cpu::linear_one_residual);
+  m.impl("linear_one_ffn", &rwkv::cpu::linear_one_ffn);
 }

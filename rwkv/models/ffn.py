@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import LnMix, Projection, ProjectionGroup
+from .. import ops
+from .common import LnMix, Projection, ProjectionGroup, _compiled
 
 
 class ChannelMix:
@@ -25,11 +26,28 @@ class ChannelMix:
         if version != 7:
             self.receptance = Projection(w, p + "ffn.receptance.weight", dd, mode, stream)
             self.rk = ProjectionGroup([(self.receptance, "sigmoid", None), (self.key, "relu2", None)], mode)
+        else:
+            self.rk = ProjectionGroup([(self.key, "relu2", None)], mode)  # (no receptance)
+        # One token on CPU: the group, the value product and the residual add in one call.
+        self.one_op = None
+        if self.rk.op is not None and self.value._residual_one is not None \
+                and _compiled("linear_one_ffn", "CPU"):
+            self.one_op = ops.resolve("linear_one_ffn", "cpu", mode)
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor):
         xx, mixed = self.ln_mix(x, sx)
         if self.version == 7:
-            return self.value.add_to(x, self.key(mixed[0], act="relu2")), xx[-1]
-        kx, rx = mixed.unbind(0)
-        r, h = self.rk([rx, kx])
+            xs, gate = [mixed[0]], -1
+        else:
+            kx, rx = mixed.unbind(0)
+            xs, gate = [rx, kx], 0
+        # (The value's x, the key's result, has kx's dtype and shape.)
+        if self.one_op is not None and self.rk.fusable(xs) and self.value._one_token_kernel(xs[-1]) \
+                and x.dtype == xs[-1].dtype:
+            value = self.value
+            side = self.rk.side + (list(value.one_side) if value.int8 else [])
+            return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), xx[-1]
+        if self.version == 7:
+            return self.value.add_to(x, self.key(xs[0], act="relu2")), xx[-1]
+        r, h = self.rk(xs)
         return self.value.add_to(x, h, gate=r), xx[-1]

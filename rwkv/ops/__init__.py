@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "maa_mix", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -146,6 +146,16 @@ def linear_one_residual(x: Tensor, w: Tensor, side: list, act: int, residual: Te
     (w [S, N/S, M]) computes, in one call: each elementwise operation rounded to x's dtype as
     torch's are. CPU."""
     return resolve("linear_one_residual", x.device.type, mode)(x, w, side, act, residual, gate)
+
+
+def linear_one_ffn(x: list, w: list, side: list, act: list, residual: Tensor, gate: int = -1, *,
+                   mode: str = "auto") -> Tensor:
+    """A channel mix's one-token products in one call: linear_one_group's products of x, then the
+    value product w[len(x)] (matrix or row slabs; its side tensors last in ``side``) of the last
+    one's result, then ``residual + y`` or, for gate >= 0, ``residual + ys[gate] * y``. CPU."""
+    if not x:  # no tensor to dispatch on: the reference says what is wrong
+        return reference.linear_one_ffn(x, w, side, act, residual, gate)
+    return resolve("linear_one_ffn", x[0].device.type, mode)(x, w, side, act, residual, gate)
 
 
 def pooled_empty_like(t: Tensor, *, mode: str = "auto") -> Tensor:

@@ -359,6 +359,12 @@ def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
     else:
         M = validate_linear_one(x, w, op)[1]
     check_act(op, act)
+    _check_residual(op, x, M, residual, gate)
+    return M
+
+
+def _check_residual(op: str, x, M: int, residual, gate) -> None:
+    """A residual and a gate (None: none) for a product of x with M columns."""
     shape = one_row_shape(x, M)
     for name, t in (("residual", residual), ("gate", gate)):
         if t is None:
@@ -367,7 +373,35 @@ def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
         check_dtype(op, name, t, x.dtype, " (x's dtype)")
         torch._check(tuple(t.shape) == tuple(shape),
                      lambda: f"{op}: {name} must have the product's shape {list(shape)}, got {_shape(t)}")
-    return M
+
+
+def validate_linear_one_ffn(x, w, side, act, residual, gate) -> tuple:
+    """Checks linear_one_ffn's arguments (the value's x: the last product's result, of that x's
+    dtype); returns (an empty tensor shaped as the value's x, the value's M)."""
+    op = "linear_one_ffn"
+    torch._check(len(x) > 0, lambda: f"{op}: needs at least one product of x, got none")
+    torch._check(len(w) == len(x) + 1 and len(act) == len(x),
+                 lambda: f"{op}: w must hold a weight per x and the value's ({len(x) + 1}), act one per x "
+                         f"({len(x)}), got {len(w)} and {len(act)}")
+    torch._check(-1 <= gate < len(x),
+                 lambda: f"{op}: gate must be -1 (none) or one of the {len(x)} products of x, got {gate}")
+    members = linear_one_group_members([*x, None], w, side, op)
+    dims = []
+    for (name, xi, wi, side_i), a in zip(members[:-1], act):
+        dims.append(validate_linear_one(xi, wi, name) if side_i is None else
+                    validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
+        check_act(name, a)
+    _, _, wv, side_v = members[-1]
+    xv = x[-1].new_empty(one_row_shape(x[-1], dims[-1][1]))  # the last product's result
+    if wv.dim() == 3:
+        M = validate_linear_one_slabs(xv, wv, list(side_v or ()), op)[1]
+    elif side_v is not None:
+        M = validate_mm8(op, xv, wv, *side_v, False, fp32_side=True)[1]
+    else:
+        M = validate_linear_one(xv, wv, op)[1]
+    g = None if gate < 0 else x[gate].new_empty(one_row_shape(x[gate], dims[gate][1]))
+    _check_residual(op, xv, M, residual, g)
+    return xv, M
 
 
 def linear_one_group_members(x, w, side, op: str = "linear_one_group") -> list:

@@ -254,6 +254,20 @@ def _linear_one_residual_fake(x, w, side, act, residual, gate=None):
     return x.new_empty(_checks.one_row_shape(x, M))
 
 
+# A channel mix's products in one call (CPU): linear_one_group's products of x, then the value
+# product w[len(x)] (as linear_one_residual takes it: a matrix or row slabs; its side tensors last
+# in side) of the last one's result, then residual + y, or with gate >= 0 residual + (result of
+# product gate) * y, each operation rounded to x's dtype as torch's are. Returns the sum.
+_define("linear_one_ffn",
+        "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act, Tensor residual, int gate) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_one_ffn")
+def _linear_one_ffn_fake(x, w, side, act, residual, gate):
+    xv, M = _checks.validate_linear_one_ffn(x, w, side, act, residual, gate)
+    return xv.new_empty(_checks.one_row_shape(xv, M))
+
+
 # CPU test hooks (implemented in csrc/cpu/cpu_features.cpp, key CompositeExplicitAutograd):
 # the instruction set the CPU kernels use now, and forcing one ("" = automatic choice again);
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
@@ -266,4 +280,4 @@ _define("_set_cpu_read_order", "(str order) -> str")
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
-       "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "pooled_empty_like")
+       "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")
