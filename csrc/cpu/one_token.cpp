@@ -1,8 +1,10 @@
 // ATen glue for the products of one token on CPU: linear_one (bf16/fp32 matrix-vector),
 // mm8_one_i16 (int8 weights, the activation rounded to int16), linear_one_group (several such
-// products in one call), linear_one_slabs (one product whose weight is stored as row slabs,
-// rwkv/slabs.py: the slabs' products summed) and linear_one_residual (one of those products, then
-// a residual add, and a gate before it, in the same call). Every product is checked in the contract's words
+// products in one call), linear_one_chain (a group, then products of some of its results),
+// linear_one_slabs (one product whose weight is stored as row slabs, rwkv/slabs.py: the slabs'
+// products summed), linear_one_residual (one of those products, then a residual add and an
+// optional gate) and linear_one_ffn (a channel mix: a group, the value product of its last result
+// and the residual add). Every product is checked in the contract's words
 // (common/op_checks.h), prepared (fp32 x, or for bf16 weights on avx512bf16 the bf16 x itself),
 // then the output columns of every matrix (a product's weight or one of its slabs) are split
 // between threads as one range (for_member_blocks), the kernels of the active instruction set
@@ -319,6 +321,18 @@ void add_products(const char* op, c10::SmallVector<Product, 8>& prs, const at::T
   }
 }
 
+// Products i < len(x) of a call's group (x[i], w[i], act[i], their side tensors from the front of
+// side), checked and computed; *s is set to where the side tensors of later products begin.
+Outputs run_group(const char* op, at::TensorList x, at::TensorList w, at::TensorList side,
+                  at::IntArrayRef act, size_t* s) {
+  c10::SmallVector<const at::Tensor*, 8> xs;
+  for (const at::Tensor& t : x) xs.push_back(&t);
+  c10::SmallVector<Product, 8> prs;
+  *s = 0;
+  add_products(op, prs, xs.data(), w, side, act, 0, x.size(), s);
+  return run_products({prs.data(), prs.size()});
+}
+
 std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at::TensorList side,
                                          at::IntArrayRef act) {
   const char* op = "linear_one_group";
@@ -327,12 +341,8 @@ std::vector<at::Tensor> linear_one_group(at::TensorList x, at::TensorList w, at:
               ": x, w and act must have the same length (one entry per product), got ", x.size(),
               ", ", w.size(), " and ", act.size());
   check_side_count(op, w, side);
-  c10::SmallVector<const at::Tensor*, 8> xs;
-  for (const at::Tensor& t : x) xs.push_back(&t);
-  c10::SmallVector<Product, 8> prs;
-  size_t s = 0;
-  add_products(op, prs, xs.data(), w, side, act, 0, x.size(), &s);
-  const Outputs ys = run_products({prs.data(), prs.size()});
+  size_t s;
+  const Outputs ys = run_group(op, x, w, side, act, &s);
   return {ys.begin(), ys.end()};
 }
 
@@ -350,14 +360,11 @@ std::vector<at::Tensor> linear_one_chain(at::TensorList x, at::TensorList w, at:
                 "] must name one of the ", x.size(), " products of x (0 to ", x.size() - 1,
                 "), got ", src[j]);
   check_side_count(op, w, side);
+  size_t s;
+  const Outputs y1 = run_group(op, x, w, side, act, &s);
   c10::SmallVector<const at::Tensor*, 8> xs;
-  for (const at::Tensor& t : x) xs.push_back(&t);
-  c10::SmallVector<Product, 8> first, second;
-  size_t s = 0;
-  add_products(op, first, xs.data(), w, side, act, 0, x.size(), &s);
-  const Outputs y1 = run_products({first.data(), first.size()});
-  xs.clear();
   for (const int64_t j : src) xs.push_back(&y1[j]);
+  c10::SmallVector<Product, 8> second;
   add_products(op, second, xs.data(), w, side, act, x.size(), src.size(), &s);
   const Outputs y2 = run_products({second.data(), second.size()});
   std::vector<at::Tensor> out(y1.begin(), y1.end());
@@ -461,12 +468,8 @@ at::Tensor linear_one_ffn(at::TensorList x, at::TensorList w, at::TensorList sid
               ": gate must be -1 (none) or one of the ", x.size(), " products of x, got ", gate);
   check_side_count(op, w, side);
   const size_t n = x.size();
-  c10::SmallVector<const at::Tensor*, 8> xs;
-  for (const at::Tensor& t : x) xs.push_back(&t);
-  c10::SmallVector<Product, 8> first;
-  size_t s = 0;
-  add_products(op, first, xs.data(), w, side, act, 0, n, &s);
-  const Outputs y1 = run_products({first.data(), first.size()});
+  size_t s;
+  const Outputs y1 = run_group(op, x, w, side, act, &s);
   Product value[] = {one_product(op, y1[n - 1], w[n], side.slice(s), 0, w[n].dim() == 3)};
   const at::Tensor* g = gate >= 0 ? &y1[gate] : nullptr;
   check_residual(op, y1[n - 1], value[0].M, residual, g);

@@ -344,20 +344,32 @@ def validate_linear_one_slabs(x, w, side, op: str = "linear_one_slabs") -> tuple
     return N, M, S
 
 
-def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
-    """Checks linear_one_residual's arguments (the product's as linear_one, mm8_one_i16 or
-    linear_one_slabs takes them; residual and gate: the product's shape and x's dtype); returns M."""
-    op = "linear_one_residual"
+def _validate_one_product(op: str, x, w, side) -> int:
+    """One product as linear_one (bf16/fp32 w [N, M], side empty), mm8_one_i16 (uint8 w [N, M], side
+    mx, rx, my, ry) or linear_one_slabs (w [S, N/S, M]) takes it, in ``op``'s words; returns M."""
+    if w.dim() == 3:
+        return validate_linear_one_slabs(x, w, side, op)[1]
     q = w.dtype == torch.uint8
     torch._check(len(side) == (4 if q else 0),
                  lambda: f"{op}: side must " + ("hold mx, rx, my, ry (w is uint8)" if q else
                                                  "be empty (w is not uint8)") + f", got {len(side)} tensors")
-    if w.dim() == 3:
-        M = validate_linear_one_slabs(x, w, side, op)[1]
-    elif q:
-        M = validate_mm8(op, x, w, *side, False, fp32_side=True)[1]
-    else:
-        M = validate_linear_one(x, w, op)[1]
+    return validate_mm8(op, x, w, *side, False, fp32_side=True)[1] if q else validate_linear_one(x, w, op)[1]
+
+
+def _validate_member(name: str, x, w, side, act) -> tuple:
+    """One product of a group (linear_one for side None, else mm8_one_i16 with side) and its
+    activation, in ``name``'s words; returns (N, M)."""
+    dims = validate_linear_one(x, w, name) if side is None else validate_mm8(name, x, w, *side, False,
+                                                                             fp32_side=True)
+    check_act(name, act)
+    return dims
+
+
+def validate_linear_one_residual(x, w, side, act, residual, gate) -> int:
+    """Checks linear_one_residual's arguments (the product's as linear_one, mm8_one_i16 or
+    linear_one_slabs takes them; residual and gate: the product's shape and x's dtype); returns M."""
+    op = "linear_one_residual"
+    M = _validate_one_product(op, x, w, side)
     check_act(op, act)
     _check_residual(op, x, M, residual, gate)
     return M
@@ -386,19 +398,10 @@ def validate_linear_one_ffn(x, w, side, act, residual, gate) -> tuple:
     torch._check(-1 <= gate < len(x),
                  lambda: f"{op}: gate must be -1 (none) or one of the {len(x)} products of x, got {gate}")
     members = linear_one_group_members([*x, None], w, side, op)
-    dims = []
-    for (name, xi, wi, side_i), a in zip(members[:-1], act):
-        dims.append(validate_linear_one(xi, wi, name) if side_i is None else
-                    validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
-        check_act(name, a)
+    dims = [_validate_member(name, xi, wi, side_i, a) for (name, xi, wi, side_i), a in zip(members[:-1], act)]
     _, _, wv, side_v = members[-1]
     xv = x[-1].new_empty(one_row_shape(x[-1], dims[-1][1]))  # the last product's result
-    if wv.dim() == 3:
-        M = validate_linear_one_slabs(xv, wv, list(side_v or ()), op)[1]
-    elif side_v is not None:
-        M = validate_mm8(op, xv, wv, *side_v, False, fp32_side=True)[1]
-    else:
-        M = validate_linear_one(xv, wv, op)[1]
+    M = _validate_one_product(op, xv, wv, list(side_v or ()))
     g = None if gate < 0 else x[gate].new_empty(one_row_shape(x[gate], dims[gate][1]))
     _check_residual(op, xv, M, residual, g)
     return xv, M
@@ -433,17 +436,11 @@ def validate_linear_one_chain(x, w, side, act, src) -> tuple:
                      lambda: f"{op}: src[{j}] must name one of the {len(x)} products of x (0 to "
                              f"{len(x) - 1}), got {s}")
     members = linear_one_group_members([*x, *([None] * len(src))], w, side, op)
-    first = []
-    for (name, xi, wi, side_i), a in zip(members[:len(x)], act):
-        first.append(validate_linear_one(xi, wi, name) if side_i is None else
-                     validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
-        check_act(name, a)
-    second = []
-    for (name, _, wi, side_i), a, s in zip(members[len(x):], act[len(x):], src):
-        xi = x[s].new_empty(one_row_shape(x[s], first[s][1]))  # the shape and dtype of its x
-        second.append(validate_linear_one(xi, wi, name) if side_i is None else
-                      validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
-        check_act(name, a)
+    first = [_validate_member(name, xi, wi, side_i, a)
+             for (name, xi, wi, side_i), a in zip(members[:len(x)], act)]
+    # a second product's x: the shape and dtype of its src product's result
+    second = [_validate_member(name, x[s].new_empty(one_row_shape(x[s], first[s][1])), wi, side_i, a)
+              for (name, _, wi, side_i), a, s in zip(members[len(x):], act[len(x):], src)]
     return first, second
 
 
@@ -454,11 +451,5 @@ def validate_linear_one_group(x, w, side, act) -> list:
     torch._check(len(w) == len(x) and len(act) == len(x),
                  lambda: f"{op}: x, w and act must have the same length (one entry per product), "
                          f"got {len(x)}, {len(w)} and {len(act)}")
-    dims = []
-    for (name, xi, wi, side_i), a in zip(linear_one_group_members(x, w, side), act):
-        if side_i is None:
-            dims.append(validate_linear_one(xi, wi, name))
-        else:
-            dims.append(validate_mm8(name, xi, wi, *side_i, False, fp32_side=True))
-        check_act(name, a)
-    return dims
+    return [_validate_member(name, xi, wi, side_i, a)
+            for (name, xi, wi, side_i), a in zip(linear_one_group_members(x, w, side), act)]

@@ -405,19 +405,17 @@ def linear_one_chain(x, w, side, act, src):
     """Products i < len(x): linear_one_group's of x[i]; then product len(x) + j of the result of
     product src[j]. w, side (4 per uint8 w, in order) and act cover all of them. Returns every
     result, in that order."""
-    _checks.validate_linear_one_chain(x, w, side, act, src)
-    members = _checks.linear_one_group_members([*x, *([None] * len(src))], w, side, "linear_one_chain")
-    first = [linear_one(xi, wi, a) if side_i is None else mm8_one_i16(xi, wi, *side_i, a)
-             for (_, xi, wi, side_i), a in zip(members, act[:len(x)])]
-    return first + [linear_one(first[j], wi, a) if side_i is None else mm8_one_i16(first[j], wi, *side_i, a)
-                    for (_, _, wi, side_i), a, j in zip(members[len(x):], act[len(x):], src)]
+    _checks.validate_linear_one_chain(x, w, side, act, src)  # (so the groups below cannot fail)
+    n, s = len(x), 4 * sum(t.dtype == torch.uint8 for t in w[:len(x)])
+    first = linear_one_group(x, w[:n], side[:s], act[:n])
+    return first + (linear_one_group([first[j] for j in src], w[n:], side[s:], act[n:]) if src else [])
 
 
 def linear_one_ffn(x, w, side, act, residual, gate):
     """A channel mix: linear_one_group's products of x, then linear_one_residual of the last
     one's result with the value weight w[len(x)] (its side tensors last in side), the residual
     and, for gate >= 0, the result of product gate as the gate."""
-    _checks.validate_linear_one_ffn(x, w, side, act, residual, gate)
+    _checks.validate_linear_one_ffn(x, w, side, act, residual, gate)  # (so the calls below cannot fail)
     n, s = len(x), 4 * sum(t.dtype == torch.uint8 for t in w[:len(x)])
     ys = linear_one_group(x, w[:n], side[:s], act)
     return linear_one_residual(ys[-1], w[n], side[s:], 0, residual, None if gate < 0 else ys[gate])
