@@ -47,7 +47,5 @@ class ChannelMix:
             value = self.value
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
             return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), xx[-1]
-        if self.version == 7:
-            return self.value.add_to(x, self.key(xs[0], act="relu2")), xx[-1]
-        r, h = self.rk(xs)
-        return self.value.add_to(x, h, gate=r), xx[-1]
+        ys = self.rk(xs)  # (r and) the key's relu squared
+        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), xx[-1]
