@@ -343,10 +343,10 @@ inline std::pair<int64_t, int64_t> check_activation_and_shift(const char* op, co
 struct LnMixDims { int64_t T, C, n; };
 
 // ln_mix: x [T, C] float32 or bfloat16 (the results' dtype); sx [C] in x's dtype; w, b [C] and
-// mix [n, C] float32.
+// mix [n, C] float32. op: ln_mix or ln_mix_split (the same arguments).
 inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
-                              const at::Tensor& b, const at::Tensor& mix) {
-  const char* op = "ln_mix";
+                              const at::Tensor& b, const at::Tensor& mix,
+                              const char* op = "ln_mix") {
   check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
   const auto [T, C] = check_activation_and_shift(op, "x", x, sx);
   check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
@@ -360,10 +360,10 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
 struct MaaMixDims { int64_t T, C, n, D; };
 
 // maa_mix: xx [T, C] float32 or bfloat16 (the result's dtype); sx [C] and z [T, n*D] in xx's
-// dtype; w2 [n, D, C] float32 or bfloat16; maa [n, C] float32.
+// dtype; w2 [n, D, C] float32 or bfloat16; maa [n, C] float32. op: maa_mix or maa_mix_split.
 inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
-                                const at::Tensor& w2, const at::Tensor& maa) {
-  const char* op = "maa_mix";
+                                const at::Tensor& w2, const at::Tensor& maa,
+                                const char* op = "maa_mix") {
   check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
   const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
   check_activation_dtype(op, "w2", w2);  // the same two dtypes as the activations

@@ -39,27 +39,29 @@ struct KernelTable {
                      const float* p, float eps, float* scratch, float* y);
   // ln_mix (kernels/ln_mix.h) in two steps over rows [t0, t1): the layer norm y = LN(x) of
   // x, y [T, C] with w, b [C]; then, once every row is normalised, the n mixes of xx (= y) with
-  // its previous row (sx [C] before row 0), out [n, T, C] from mix [n, C], lerp or delta form.
+  // its previous row (sx [C] before row 0), out[i] [T, C] at outs[i] from mix [n, C], lerp or
+  // delta form.
   void (*layer_norm)(int64_t C, int64_t t0, int64_t t1, const float* x, const float* w,
                      const float* b, float eps, float* y);
   void (*shift_mix)(int64_t T, int64_t C, int64_t n, int64_t t0, int64_t t1, const float* xx,
-                    const float* sx, const float* mix, bool lerp, float* out);
-  // maa_mix (kernels/maa_mix.h) on channels [c0, c1): out [n, T, C] from xx [T, C], sx [C],
+                    const float* sx, const float* mix, bool lerp, float* const* outs);
+  // maa_mix (kernels/maa_mix.h) on channels [c0, c1): out[i] [T, C] at outs[i] from xx [T, C], sx [C],
   // zt [T, n*D] (tanh applied), w2 [n, D, C] (fp32, or bf16 as uint16_t) and maa [n, C].
   void (*maa_mix_f32)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
                       const float* xx, const float* sx, const float* zt, const float* w2,
-                      const float* maa, float* out);
+                      const float* maa, float* const* outs);
   void (*maa_mix_bf16)(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
                        const float* xx, const float* sx, const float* zt, const uint16_t* w2,
-                       const float* maa, float* out);
+                       const float* maa, float* const* outs);
   // maa_mix of one token in two steps: the half-mix sums acc [2n, C] of half-mixes [u0, u1)
-  // (w2 read row after row), then out [n, C] on channels [c0, c1) from xx, sx [C] and maa.
+  // (w2 read row after row), then out[i] [C] at outs[i] on channels [c0, c1) from xx, sx [C]
+  // and maa.
   void (*maa_half_sums_f32)(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt,
                             const float* w2, float* acc);
   void (*maa_half_sums_bf16)(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt,
                              const uint16_t* w2, float* acc);
   void (*maa_finish)(int64_t C, int64_t n, int64_t c0, int64_t c1, const float* xx,
-                     const float* sx, const float* acc, const float* maa, float* out);
+                     const float* sx, const float* acc, const float* maa, float* const* outs);
   // mm8 on output columns [m0, m1): q holds column m at q + m*N (column-major [N, M] uint8),
   // xs [T, N] = x*ry, sums [T, 3] = (0.5*sum(xs), sum(x*my), sum(x)); rx, mx [M];
   // y[t, m] = rx[m]*(xs[t] . q[:, m] + sums[t,0]) + sums[t,1] + mx[m]*sums[t,2], y row stride M.

@@ -3,7 +3,10 @@
 // first low-rank product), each one call instead of several small torch ops (docs/kernels.md
 // says why). One row, the decode case, runs ln_mix inline; longer inputs split rows between
 // threads, the layer norm first since each row's mixes read the row before. maa_mix splits
-// channels for sequences and, for one token, w2's rows by half-mixes (kernels/maa_mix.h says why). Activations may be fp32 or bf16 (cpu/float_io.h): the kernels compute in fp32.
+// channels for sequences and, for one token, w2's rows by half-mixes (kernels/maa_mix.h says
+// why). ln_mix_split and maa_mix_split return the same values as separate tensors (the model's
+// one-token path: no selects or unbind after them). Activations may be fp32 or bf16
+// (cpu/float_io.h): the kernels compute in fp32.
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/ln_mix.h and maa_mix.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -11,7 +14,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/op_checks.h"
@@ -24,17 +29,53 @@ namespace rwkv {
 namespace cpu {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor& sx,
-                                          const at::Tensor& w, const at::Tensor& b,
-                                          const at::Tensor& mix, bool lerp, double eps) {
-  const LnMixDims d = check_ln_mix(x, sx, w, b, mix);
+// Where a mix op computes its n results [T, C] (fp32), then returns them in dt: one [n, T, C]
+// tensor (ln_mix, maa_mix) or n tensors [T, C] (the _split ops). ptrs()[i] is result i's memory.
+class MixResults {
+ public:
+  // room: (n * T * C floats) where result_room() gave some, else nullptr (fp32 tensors).
+  MixResults(int64_t n, int64_t T, int64_t C, at::ScalarType dt, float* room, bool split) {
+    if (!split) parts_.emplace_back(at::IntArrayRef{n, T, C}, dt, room);
+    for (int64_t i = 0; i < n; ++i) {
+      float* mem = room != nullptr ? room + i * T * C : nullptr;
+      if (split) parts_.emplace_back(at::IntArrayRef{T, C}, dt, mem);
+      ptrs_.push_back(split ? parts_.back().data() : parts_[0].data() + i * T * C);
+    }
+  }
+  float* const* ptrs() const { return ptrs_.data(); }
+  at::Tensor stacked() const { return parts_[0].take(); }
+  void take_into(std::vector<at::Tensor>& out) const {
+    for (const Fp32Result& p : parts_) out.push_back(p.take());
+  }
+
+ private:
+  c10::SmallVector<Fp32Result, 6> parts_;
+  c10::SmallVector<float*, 6> ptrs_;
+};
+
+// The values of one row of C floats as a new [C] tensor in dt.
+at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt) {
+  if (dt != at::kFloat) return narrowed_values(row, {C}, dt);
+  at::Tensor t = pooled_empty({C}, at::kFloat);
+  std::memcpy(t.data_ptr<float>(), row, static_cast<size_t>(C) * sizeof(float));
+  return t;
+}
+
+// ln_mix's computation. Its results: [xx, mixed [n, T, C]]; split (ln_mix_split): [xx, the new
+// shift state (xx's last row; sx's values when T is 0), the n mixes [T, C] as separate tensors].
+// While decoding, the selects and the unbind that split ln_mix's results cost ~5-20 us each
+// (torch's code and data flushed from the caches by the weights).
+std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
+                                   const at::Tensor& b, const at::Tensor& mix, bool lerp,
+                                   double eps, bool split) {
+  const LnMixDims d = check_ln_mix(x, sx, w, b, mix, split ? "ln_mix_split" : "ln_mix");
   Fp32Inputs in32(d.T, x.numel() + sx.numel());
   const float *xp = in32(x), *sxp = in32(sx);
   const at::Tensor wc = w.contiguous(), bc = b.contiguous(), mc = mix.contiguous();
   const at::ScalarType dt = x.scalar_type();
   float* room = result_room(d.T, (d.n + 1) * d.C, dt);
   const Fp32Result xx({d.T, d.C}, dt, room);
-  const Fp32Result out({d.n, d.T, d.C}, dt, room != nullptr ? room + d.C : nullptr);
+  const MixResults out(d.n, d.T, d.C, dt, room != nullptr ? room + d.C : nullptr, split);
   const KernelTable& kt = kernels();
   float* xxp = xx.data();
   const auto norm = [&](int64_t t0, int64_t t1) {
@@ -42,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
                   static_cast<float>(eps), xxp);
   };
   const auto mixes = [&](int64_t t0, int64_t t1) {
-    kt.shift_mix(d.T, d.C, d.n, t0, t1, xxp, sxp, mc.data_ptr<float>(), lerp, out.data());
+    kt.shift_mix(d.T, d.C, d.n, t0, t1, xxp, sxp, mc.data_ptr<float>(), lerp, out.ptrs());
   };
   if (d.T == 1) {  // one token: no parallel region (its fork and join cost more than the work)
     norm(0, 1);
@@ -52,17 +93,35 @@ std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor&
     at::parallel_for(0, d.T, grain, norm);
     at::parallel_for(0, d.T, grain, mixes);
   }
-  return {xx.take(), out.take()};
+  std::vector<at::Tensor> res;
+  res.reserve(static_cast<size_t>(d.n + 2));
+  res.push_back(xx.take());
+  if (!split) {
+    res.push_back(out.stacked());
+  } else {
+    res.push_back(row_values(d.T > 0 ? xxp + (d.T - 1) * d.C : sxp, d.C, dt));
+    out.take_into(res);
+  }
+  return res;
 }
 
-at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
-                   const at::Tensor& w2, const at::Tensor& maa) {
-  const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa);
-  Fp32Inputs in32(d.T, xx.numel() + sx.numel() + z.numel());
-  const float *xp = in32(xx), *sxp = in32(sx), *zp = in32(z);
+std::tuple<at::Tensor, at::Tensor> ln_mix(const at::Tensor& x, const at::Tensor& sx,
+                                          const at::Tensor& w, const at::Tensor& b,
+                                          const at::Tensor& mix, bool lerp, double eps) {
+  std::vector<at::Tensor> res = run_ln_mix(x, sx, w, b, mix, lerp, eps, false);
+  return {std::move(res[0]), std::move(res[1])};
+}
+
+std::vector<at::Tensor> ln_mix_split(const at::Tensor& x, const at::Tensor& sx,
+                                     const at::Tensor& w, const at::Tensor& b,
+                                     const at::Tensor& mix, bool lerp, double eps) {
+  return run_ln_mix(x, sx, w, b, mix, lerp, eps, true);
+}
+
+// maa_mix's and maa_mix_split's computation into outs (n pointers to [T, C]).
+void run_maa_mix(const MaaMixDims& d, const float* xp, const float* sxp, const float* zp,
+                 const at::Tensor& w2, const at::Tensor& maa, float* const* outs) {
   const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
-  const at::ScalarType dt = xx.scalar_type();
-  const Fp32Result out({d.n, d.T, d.C}, dt, result_room(d.T, d.n * d.C, dt));
   // tanh(z) once (T*n*D values), before the threads share it.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
   for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
@@ -84,22 +143,45 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
       }
     });
     for_blocks(d.C, 64, 3 * d.n, [&](int64_t c0, int64_t c1) {
-      kt.maa_finish(d.C, d.n, c0, c1, xp, sxp, acc, mc.data_ptr<float>(), out.data());
+      kt.maa_finish(d.C, d.n, c0, c1, xp, sxp, acc, mc.data_ptr<float>(), outs);
     });
-    return out.take();
+    return;
   }
   // Sequences: blocks of 64 channels.
   for_blocks(d.C, 64, d.T * d.n * d.D, [&](int64_t c0, int64_t c1) {
     const float* m = mc.data_ptr<float>();
-    float* o = out.data();
     if (bf16_w2) {
       kt.maa_mix_bf16(d.T, d.C, d.n, d.D, c0, c1, xp, sxp, zt.data(),
-                      reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), m, o);
+                      reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), m, outs);
     } else {
-      kt.maa_mix_f32(d.T, d.C, d.n, d.D, c0, c1, xp, sxp, zt.data(), wc.data_ptr<float>(), m, o);
+      kt.maa_mix_f32(d.T, d.C, d.n, d.D, c0, c1, xp, sxp, zt.data(), wc.data_ptr<float>(), m, outs);
     }
   });
-  return out.take();
+}
+
+// maa_mix (split: maa_mix_split, its n results as separate tensors).
+MixResults maa_mix_results(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
+                           const at::Tensor& w2, const at::Tensor& maa, bool split) {
+  const MaaMixDims d = check_maa_mix(xx, sx, z, w2, maa, split ? "maa_mix_split" : "maa_mix");
+  Fp32Inputs in32(d.T, xx.numel() + sx.numel() + z.numel());
+  const float *xp = in32(xx), *sxp = in32(sx), *zp = in32(z);
+  const at::ScalarType dt = xx.scalar_type();
+  MixResults out(d.n, d.T, d.C, dt, result_room(d.T, d.n * d.C, dt), split);
+  run_maa_mix(d, xp, sxp, zp, w2, maa, out.ptrs());
+  return out;
+}
+
+at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
+                   const at::Tensor& w2, const at::Tensor& maa) {
+  return maa_mix_results(xx, sx, z, w2, maa, false).stacked();
+}
+
+std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx,
+                                      const at::Tensor& z, const at::Tensor& w2,
+                                      const at::Tensor& maa) {
+  std::vector<at::Tensor> res;
+  maa_mix_results(xx, sx, z, w2, maa, true).take_into(res);
+  return res;
 }
 
 }  // namespace
@@ -109,4 +191,6 @@ at::Tensor maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor&
 TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("ln_mix", &rwkv::cpu::ln_mix);
   m.impl("maa_mix", &rwkv::cpu::maa_mix);
+  m.impl("ln_mix_split", &rwkv::cpu::ln_mix_split);
+  m.impl("maa_mix_split", &rwkv::cpu::maa_mix_split);
 }

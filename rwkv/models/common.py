@@ -97,13 +97,15 @@ def state_buffer(block, dd: LayerPlacement):
 class LnMix:
     """The start of each half of every block: the layer norm ``prefix`` (ln1 or ln2) of x, the
     token shift and the n mixes of the result with the previous token's, in the lerp form
-    (RWKV-4/5) or the delta form (RWKV-6/7). ``__call__(x, sx)`` returns (xx [T, C], whose last row
-    is the new shift state, and mixed [n, T, C]).
+    (RWKV-4/5) or the delta form (RWKV-6/7). ``__call__(x, sx)`` returns (xx [T, C], the new shift
+    state [C] (xx's last row), [mixed_0, ..., mixed_{n-1}] each [T, C]).
 
-    On CPU with fp32 or bf16 activations, and on CUDA also with fp16 ones, this is the compiled
-    ``ln_mix`` op: one call instead of 5-6 small torch ops, which cost 10-30 us each while decoding
-    (on CPU, streaming the weights evicts torch's code and data from the caches; on CUDA each is a
-    kernel launch). Otherwise the same math as torch ops (ln_mix_math)."""
+    On CPU with fp32 or bf16 activations this is the compiled ``ln_mix_split`` op, which returns
+    those as separate tensors; on CUDA (fp32, bf16 or fp16) the compiled ``ln_mix`` op, its
+    results then split by views. One call instead of 5-6 small torch ops, which cost 10-30 us each
+    while decoding (on CPU, streaming the weights evicts torch's code and data from the caches, so
+    the split op also spares the selects and the unbind; on CUDA each op is a kernel launch).
+    Otherwise the same math as torch ops (ln_mix_math)."""
 
     def __init__(self, w: dict, prefix: str, mixes: list, lerp: bool, dd: LayerPlacement, mode: str):
         self.ln_w, self.ln_b = w[prefix + ".weight"], w[prefix + ".bias"]
@@ -111,13 +113,19 @@ class LnMix:
         self.rmix = rmix if lerp else None
         self.lerp = lerp
         self.op = fused_op("ln_mix", dd, mode)
-        if self.op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
+        self.split_op = fused_op("ln_mix_split", dd, mode)
+        if self.op is not None or self.split_op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
             self.op_params = (self.ln_w.float(), self.ln_b.float(), self.mix.squeeze(1).float())
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor) -> tuple:
+        if self.split_op is not None:
+            xx, shift, *mixed = self.split_op(x, sx, *self.op_params, self.lerp, LAYER_NORM_EPS)
+            return xx, shift, mixed
         if self.op is not None:
-            return self.op(x, sx, *self.op_params, self.lerp, LAYER_NORM_EPS)
-        return ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
+            xx, mixed = self.op(x, sx, *self.op_params, self.lerp, LAYER_NORM_EPS)
+        else:
+            xx, mixed = ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
+        return xx, xx[-1], list(mixed.unbind(0))
 
 
 class Projection:

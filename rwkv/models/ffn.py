@@ -35,17 +35,17 @@ class ChannelMix:
             self.one_op = ops.resolve("linear_one_ffn", "cpu", mode)
 
     def __call__(self, x: torch.Tensor, sx: torch.Tensor):
-        xx, mixed = self.ln_mix(x, sx)
+        _, shift, mixed = self.ln_mix(x, sx)
         if self.version == 7:
-            xs, gate = [mixed[0]], -1
+            xs, gate = mixed, -1
         else:
-            kx, rx = mixed.unbind(0)
+            kx, rx = mixed
             xs, gate = [rx, kx], 0
         # (The value's x, the key's result, has kx's dtype and shape.)
         if self.one_op is not None and self.rk.fusable(xs) and self.value._one_token_kernel(xs[-1]) \
                 and x.dtype == xs[-1].dtype:
             value = self.value
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
-            return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), xx[-1]
+            return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
         ys = self.rk(xs)  # (r and) the key's relu squared
-        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), xx[-1]
+        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift

@@ -22,10 +22,9 @@ class TimeMixV4:
 
     def __call__(self, x, sx, aa, bb, pp):
         """aa, bb, pp are private copies (updated in place by the kernel)."""
-        xx, mixed = self.ln_mix(x, sx)
-        kx, vx, rx = mixed.unbind(0)
+        _, shift, (kx, vx, rx) = self.ln_mix(x, sx)
         r, k, v = self.rkv([rx, kx, vx])
         # (No .contiguous() or no-op .to() here: the ops make their inputs contiguous themselves,
         # and each call left in would be an op of the one-token graph.)
         y = self.wkv(self.decay, self.first, k, v, aa, bb, pp)
-        return self.output.add_to(x, r * moved(y, x.dtype, y.device)), xx[-1]
+        return self.output.add_to(x, r * moved(y, x.dtype, y.device)), shift

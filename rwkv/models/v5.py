@@ -45,18 +45,17 @@ class TimeMixV5:
         return []
 
     def _inputs(self, x, sx):
-        """Returns xx (ln1 of x; its last row is the new shift state) and the inputs of _block:
-        r, k, v (fp32, [T, A]), the gate (atype or None) and the decay input."""
-        xx, mixed = self.ln_mix(x, sx)
-        mixed = mixed.unbind(0)  # k, v, r(, g)
-        r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + list(mixed[3:]))
-        return xx, (r, k, v, g[0] if g else None, self.decay)
+        """Returns the new shift state (ln1 of x's last row) and the inputs of _block: r, k, v
+        (fp32, [T, A]), the gate (atype or None) and the decay input."""
+        _, shift, mixed = self.ln_mix(x, sx)  # k, v, r(, g)
+        r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + mixed[3:])
+        return shift, (r, k, v, g[0] if g else None, self.decay)
 
     def __call__(self, x, sx, S_old):
         """S_old: the caller's matrix state (never written). Returns (x + out, shift, new state)."""
-        xx, inputs = self._inputs(x, sx)
+        shift, inputs = self._inputs(x, sx)
         y, S = self._block(S_old, *inputs, x.dtype)
-        return self.output.add_to(x, y), xx[-1], S
+        return self.output.add_to(x, y), shift, S
 
     def _block(self, S_old, r, k, v, g, decay, dtype):
         """The recurrence, the group norm and the gate: (the input of the output projection, the
@@ -97,21 +96,24 @@ class TimeMixV6(TimeMixV5):
         self.params = (self.decay_base, self.first, self.lx_w, self.lx_b)
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
         self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
+        self.maa_split = fused_op("maa_mix_split", dd, mode, self.maa_w2)
         self.block = fused_op("wkv6_block", dd, mode)
         self.state_buffer = state_buffer(self.block, dd)
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
     def _inputs(self, x, sx):
-        xx, xmaa = self.ln_mix(x, sx)
-        z = self.maa_w1(xmaa[0])
-        if self.maa_op is not None:  # the compiled op (fp32 on CPU), else the same math as torch ops
-            mixed = self.maa_op(xx, sx, z, self.maa_w2, self.maa_rows)
+        xx, shift, (xmaa,) = self.ln_mix(x, sx)
+        z = self.maa_w1(xmaa)
+        if self.maa_split is not None:  # compiled, its 5 results as separate tensors (CPU)
+            mixed = self.maa_split(xx, sx, z, self.maa_w2, self.maa_rows)
+        elif self.maa_op is not None:  # compiled (CUDA has none), else the same math as torch ops
+            mixed = self.maa_op(xx, sx, z, self.maa_w2, self.maa_rows).unbind(0)
         else:
-            mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa)
-        wx, kx, vx, rx, gx = mixed.unbind(0)  # (5, T, C): w, k, v, r, g
+            mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa).unbind(0)
+        wx, kx, vx, rx, gx = mixed  # (5 x [T, C]): w, k, v, r, g
         (r, k, v, g, _), (w,) = self.decay_products([rx, kx, vx, gx, wx])
-        return xx, (r, k, v, g, w)
+        return shift, (r, k, v, g, w)
 
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]

@@ -56,8 +56,7 @@ class TimeMixV7:
 
     def __call__(self, x, sx, S_old, v_first):
         """S_old: the caller's state (never written). Returns (x + out, shift, v_first, new state)."""
-        xa, mixed = self.ln_mix(x, sx)
-        xr, xw, xk, xv, xaa, xg = mixed.unbind(0)
+        _, shift, (xr, xw, xk, xv, xaa, xg) = self.ln_mix(x, sx)
         (r, w1, k, v, a1, g1, *v1), (w, a, g, *v2) = self.products(
             [xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
         if self.layer == 0:
@@ -71,4 +70,4 @@ class TimeMixV7:
         else:
             S = S_old.clone()
             y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
-        return self.output.add_to(x, y), xa[-1], v_first, S
+        return self.output.add_to(x, y), shift, v_first, S

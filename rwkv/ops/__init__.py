@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "maa_mix", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -50,10 +50,23 @@ def ln_mix(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool,
     return resolve("ln_mix", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
 
 
+def ln_mix_split(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool,
+                 eps: float = 1e-5, *, mode: str = "auto") -> list:
+    """ln_mix's values as separate tensors: [xx [T, C], the new shift state [C] (xx's last row),
+    mixed_0 [T, C], ..., mixed_{n-1} [T, C]]. CPU."""
+    return resolve("ln_mix_split", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
+
+
 def maa_mix(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> Tensor:
     """RWKV-6's data-dependent token shift (fp32; docs/kernels.md): xx [T, C]; sx [C]; z [T, n*D]
     (before tanh); w2 [n, D, C]; maa [n, C]. Returns [n, T, C]."""
     return resolve("maa_mix", xx.device.type, mode)(xx, sx, z, w2, maa)
+
+
+def maa_mix_split(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *,
+                  mode: str = "auto") -> list:
+    """maa_mix's values as n separate tensors [T, C]. CPU."""
+    return resolve("maa_mix_split", xx.device.type, mode)(xx, sx, z, w2, maa)
 
 
 def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,

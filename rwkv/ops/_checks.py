@@ -214,9 +214,8 @@ def validate_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in=No
     return T, H, N
 
 
-def validate_ln_mix(x, sx, w, b, mix) -> tuple:
-    """Checks ln_mix's arguments; returns (T, C, n)."""
-    op = "ln_mix"
+def validate_ln_mix(x, sx, w, b, mix, op: str = "ln_mix") -> tuple:
+    """Checks ln_mix's (or ln_mix_split's) arguments; returns (T, C, n)."""
     check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
     T, C = _check_activation_and_shift(op, "x", x, sx)
     _check_channel_vectors(op, ("w", "b"), (w, b), C)
@@ -227,9 +226,8 @@ def validate_ln_mix(x, sx, w, b, mix) -> tuple:
     return T, C, n
 
 
-def validate_maa_mix(xx, sx, z, w2, maa) -> tuple:
-    """Checks maa_mix's arguments; returns (T, C, n, D)."""
-    op = "maa_mix"
+def validate_maa_mix(xx, sx, z, w2, maa, op: str = "maa_mix") -> tuple:
+    """Checks maa_mix's (or maa_mix_split's) arguments; returns (T, C, n, D)."""
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
     check_activation_dtype(op, "w2", w2)  # the same two dtypes as the activations

@@ -127,6 +127,19 @@ def _ln_mix_fake(x, sx, w, b, mix, lerp, eps):
     return x.new_empty((T, C)), x.new_empty((n, T, C))
 
 
+# ln_mix's values as separate tensors (CPU; the one-token path: no selects or unbind after it):
+# [xx [T, C], the new shift state [C] (xx's last row; sx's values when T is 0), mixed_0 [T, C],
+# ..., mixed_{n-1} [T, C]], in x's dtype.
+_define("ln_mix_split",
+        "(Tensor x, Tensor sx, Tensor w, Tensor b, Tensor mix, bool lerp, float eps) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::ln_mix_split")
+def _ln_mix_split_fake(x, sx, w, b, mix, lerp, eps):
+    T, C, n = _checks.validate_ln_mix(x, sx, w, b, mix, "ln_mix_split")
+    return [x.new_empty((T, C)), x.new_empty((C,))] + [x.new_empty((T, C)) for _ in range(n)]
+
+
 # RWKV-6's data-dependent token shift after its first low-rank product (docs/kernels.md): xx
 # [T, C] (the layer norm), sx [C] (the shift state), z [T, n*D] (the product, before tanh): fp32
 # or all bf16 (the activation dtype); w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in
@@ -138,6 +151,16 @@ _define("maa_mix", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> T
 def _maa_mix_fake(xx, sx, z, w2, maa):
     T, C, n, D = _checks.validate_maa_mix(xx, sx, z, w2, maa)
     return xx.new_empty((n, T, C))
+
+
+# maa_mix's values as n separate tensors [T, C] (CPU; the one-token path: no unbind after it).
+_define("maa_mix_split", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::maa_mix_split")
+def _maa_mix_split_fake(xx, sx, z, w2, maa):
+    T, C, n, D = _checks.validate_maa_mix(xx, sx, z, w2, maa, "maa_mix_split")
+    return [xx.new_empty((T, C)) for _ in range(n)]
 
 
 # x: [N] or [1, N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
@@ -279,5 +302,5 @@ _define("_set_cpu_read_order", "(str order) -> str")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "maa_mix", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
+       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

@@ -176,7 +176,7 @@ def maa_mix_math(xx, sx, z, w2, maa):
     d = prev - xx (the token shift), returns xx + d * (maa + tanh(z) @ w2) per i: [n, T, C]."""
     T, n = xx.shape[0], w2.shape[0]
     d = token_shift(xx, sx) - xx
-    m = torch.bmm(torch.tanh(z).view(T, n, -1).transpose(0, 1), w2)
+    m = torch.bmm(torch.tanh(z).view(T, n, w2.shape[1]).transpose(0, 1), w2)
     return xx + d * (maa + m)
 
 
@@ -286,12 +286,27 @@ def ln_mix(x, sx, w, b, mix, lerp, eps):
     return xx.to(x.dtype), mixed.to(x.dtype)
 
 
+def ln_mix_split(x, sx, w, b, mix, lerp, eps):
+    """ln_mix's values as separate tensors: [xx, the new shift state (xx's last row, or sx's
+    values when T is 0), mixed_0, ..., mixed_{n-1}]."""
+    _checks.validate_ln_mix(x, sx, w, b, mix, "ln_mix_split")
+    xx, mixed = ln_mix(x, sx, w, b, mix, lerp, eps)
+    shift = xx[-1].clone() if rows(xx) else sx.clone()
+    return [xx, shift] + [m.clone() for m in mixed.unbind(0)]
+
+
 def maa_mix(xx, sx, z, w2, maa):
     """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C], sx [C], z [T, n*D] fp32 or
     all bf16; w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in fp32; returns [n, T, C] in
     xx's dtype."""
     _checks.validate_maa_mix(xx, sx, z, w2, maa)
     return maa_mix_math(xx.float(), sx.float(), z.float(), w2.float(), maa.unsqueeze(1)).to(xx.dtype)
+
+
+def maa_mix_split(xx, sx, z, w2, maa):
+    """maa_mix's values as n separate tensors [T, C]."""
+    _checks.validate_maa_mix(xx, sx, z, w2, maa, "maa_mix_split")
+    return [m.clone() for m in maa_mix(xx, sx, z, w2, maa).unbind(0)]
 
 
 def _mm8(op, x, w, mx, rx, my, ry, seq):

@@ -1,5 +1,6 @@
-"""ln_mix: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations), every CPU
-ISA, rows split between threads, opcheck, errors."""
+"""ln_mix and ln_mix_split (its values as separate tensors): compiled kernel and reference vs the
+float64 spec (fp32 and bf16 activations), every CPU ISA, rows split between threads, the split
+op against ln_mix bit for bit, opcheck, errors."""
 
 import pytest
 import torch
@@ -9,6 +10,27 @@ from rwkv.models.common import LAYER_NORM_EPS
 from rwkv.ops import _testing, reference as ref
 
 OP = "ln_mix"
+OPS = ("ln_mix", "ln_mix_split")
+
+
+def stacked(op, fn):
+    """fn's results in ln_mix's form (xx, mixed [n, T, C]); for ln_mix_split, after checking its
+    list: n + 2 tensors, the shift state [C] xx's last row (sx's values when T is 0), each its own
+    memory."""
+    if op == "ln_mix":
+        return fn
+
+    def call(x, sx, w, b, mix, lerp, eps):
+        out = fn(x, sx, w, b, mix, lerp, eps)
+        assert isinstance(out, list) and len(out) == mix.shape[0] + 2
+        xx, shift, *mixed = out
+        assert shift.shape == (x.shape[1],) and shift.dtype == x.dtype
+        assert torch.equal(shift, xx[-1] if x.shape[0] else sx)
+        if x.shape[0]:
+            assert len({t.untyped_storage().data_ptr() for t in out}) == len(out)
+        return xx, torch.stack(mixed)
+
+    return call
 
 
 def make_inputs(T, C, n, rng, dtype=torch.float32):
@@ -38,21 +60,41 @@ def check(fn, T, C, n, lerp, rng, dtype=torch.float32):
     assert_close_act(mixed, mixed64, dtype, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
 @pytest.mark.parametrize("T,C,n", [(1, 64, 1), (1, 40, 6), (3, 33, 2), (5, 2048, 4)])
-def test_ln_mix_matches_spec(impl, dtype, lerp, T, C, n, rng):
-    check(implementation(OP, impl, "cpu"), T, C, n, lerp, rng, dtype)
+def test_ln_mix_matches_spec(op, impl, dtype, lerp, T, C, n, rng):
+    check(stacked(op, implementation(op, impl, "cpu")), T, C, n, lerp, rng, dtype)
 
 
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
 @pytest.mark.parametrize("T,C,n", [(1, 256, 5), (2, 17, 2), (4, 100, 1)])
-def test_ln_mix_isa(cpu_isa, dtype, lerp, T, C, n, rng):
-    fn = compiled_or_skip(OP)
+@pytest.mark.parametrize("op", OPS)
+def test_ln_mix_isa(cpu_isa, op, dtype, lerp, T, C, n, rng):
+    fn = stacked(op, compiled_or_skip(op))
     with _testing.force_cpu_isa(cpu_isa):
         check(fn, T, C, n, lerp, rng, dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
+@pytest.mark.parametrize("lerp", [True, False], ids=["lerp", "delta"])
+@pytest.mark.parametrize("T,C,n", [(0, 40, 2), (1, 40, 1), (1, 2048, 6), (3, 33, 2), (700, 64, 3)])
+def test_ln_mix_split_equals_ln_mix(cpu_isa, impl, dtype, lerp, T, C, n, rng):
+    """ln_mix_split's tensors hold ln_mix's values bit for bit (the same kernels), at every ISA:
+    one token, short and threaded sequences, and no rows at all (the shift state is sx's)."""
+    if impl == "compiled":
+        compiled_or_skip("ln_mix_split")
+    pair, split = stacked("ln_mix", implementation("ln_mix", impl, "cpu")), \
+        stacked("ln_mix_split", implementation("ln_mix_split", impl, "cpu"))
+    inputs = make_inputs(T, C, n, rng, dtype)
+    with _testing.force_cpu_isa(cpu_isa):
+        xx, mixed = pair(*inputs, lerp, LAYER_NORM_EPS)
+        xx_s, mixed_s = split(*inputs, lerp, LAYER_NORM_EPS)
+    assert torch.equal(xx, xx_s) and torch.equal(mixed, mixed_s)
 
 
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
@@ -75,12 +117,15 @@ def test_ln_mix_rows_equal_token_by_token(lerp, dtype, rng):
         prev = xx_t[0]
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
-def test_ln_mix_opcheck(dtype, rng):
-    compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.ln_mix.default, (*make_inputs(3, 40, 2, rng, dtype), True, LAYER_NORM_EPS))
+def test_ln_mix_opcheck(op, dtype, rng):
+    compiled_or_skip(op)
+    torch.library.opcheck(getattr(torch.ops.rwkv, op).default,
+                          (*make_inputs(3, 40, 2, rng, dtype), True, LAYER_NORM_EPS))
 
 
+# (Each op names itself: "ln_mix" below is replaced by the op's name.)
 REJECT_CASES = {
     "x_dtype": "ln_mix: x must be float32 or bfloat16, got float16",
     "sx_dtype": r"ln_mix: sx must be float32 \(x's dtype\), got bfloat16",
@@ -93,10 +138,11 @@ REJECT_CASES = {
 }
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", sorted(REJECT_CASES))
-def test_ln_mix_rejects(impl, case, rng):
-    fn = implementation(OP, impl, "cpu")
+def test_ln_mix_rejects(op, impl, case, rng):
+    fn = implementation(op, impl, "cpu")
     x, sx, w, b, mix = make_inputs(3, 40, 2, rng)
     if case == "x_dtype":
         x = x.half()
@@ -114,5 +160,5 @@ def test_ln_mix_rejects(impl, case, rng):
         mix = mix[0]
     elif case == "device":
         w = w.to("meta")
-    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case].replace("ln_mix:", op + ":")):
         fn(x, sx, w, b, mix, True, LAYER_NORM_EPS)

@@ -1,5 +1,6 @@
-"""maa_mix: compiled kernel and reference vs the float64 spec (fp32 and bf16 activations, fp32 and
-bf16 w2), every CPU ISA, rows vs one-row calls (two code paths), any thread count, opcheck, errors."""
+"""maa_mix and maa_mix_split (its values as separate tensors): compiled kernel and reference vs the
+float64 spec (fp32 and bf16 activations, fp32 and bf16 w2), every CPU ISA, rows vs one-row calls
+(two code paths), any thread count, the split op against maa_mix bit for bit, opcheck, errors."""
 
 import pytest
 import torch
@@ -8,6 +9,24 @@ from ops_testlib import ACT_DTYPES, IMPLS, assert_close_act, compiled_or_skip, i
 from rwkv.ops import _testing, reference as ref
 
 OP = "maa_mix"
+OPS = ("maa_mix", "maa_mix_split")
+
+
+def stacked(op, fn):
+    """fn's result in maa_mix's form [n, T, C]; for maa_mix_split, after checking its list: n
+    tensors [T, C], each its own memory."""
+    if op == "maa_mix":
+        return fn
+
+    def call(xx, sx, z, w2, maa):
+        out = fn(xx, sx, z, w2, maa)
+        assert isinstance(out, list) and len(out) == w2.shape[0]
+        assert all(t.shape == xx.shape and t.dtype == xx.dtype for t in out)
+        if xx.shape[0]:
+            assert len({t.untyped_storage().data_ptr() for t in out}) == len(out)
+        return torch.stack(out)
+
+    return call
 
 
 def make_inputs(T, C, n, D, rng, dtype=torch.float32, w2_dtype=torch.float32):
@@ -36,20 +55,37 @@ DTYPES = [(a, w) for a in ACT_DTYPES for w in ACT_DTYPES]
 DTYPE_IDS = ["fp32-fp32", "fp32-bf16w2", "bf16-fp32w2", "bf16-bf16"]
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("T,C,n,D", [(1, 64, 5, 32), (1, 100, 5, 8), (1, 33, 2, 3), (1, 70, 3, 1),
                                      (3, 33, 2, 3), (4, 2048, 5, 32)])
-def test_maa_mix_matches_spec(impl, dtypes, T, C, n, D, rng):
-    check(implementation(OP, impl, "cpu"), T, C, n, D, rng, dtypes)
+def test_maa_mix_matches_spec(op, impl, dtypes, T, C, n, D, rng):
+    check(stacked(op, implementation(op, impl, "cpu")), T, C, n, D, rng, dtypes)
 
 
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("T,C,n,D", [(1, 256, 5, 32), (1, 17, 5, 5), (2, 17, 5, 4), (3, 130, 1, 16)])
-def test_maa_mix_isa(cpu_isa, dtypes, T, C, n, D, rng):
-    fn = compiled_or_skip(OP)
+@pytest.mark.parametrize("op", OPS)
+def test_maa_mix_isa(cpu_isa, op, dtypes, T, C, n, D, rng):
+    fn = stacked(op, compiled_or_skip(op))
     with _testing.force_cpu_isa(cpu_isa):
         check(fn, T, C, n, D, rng, dtypes)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("T,C,n,D", [(0, 40, 5, 4), (1, 2048, 5, 32), (1, 33, 2, 3), (9, 810, 5, 7)])
+def test_maa_mix_split_equals_maa_mix(cpu_isa, impl, dtypes, T, C, n, D, rng):
+    """maa_mix_split's tensors hold maa_mix's values bit for bit (the same kernels), at every ISA:
+    one token (w2 by half-mixes), sequences (by channels) and no rows at all."""
+    if impl == "compiled":
+        compiled_or_skip("maa_mix_split")
+    inputs = make_inputs(T, C, n, D, rng, *dtypes)
+    with _testing.force_cpu_isa(cpu_isa):
+        out = implementation("maa_mix", impl, "cpu")(*inputs)
+        split = stacked("maa_mix_split", implementation("maa_mix_split", impl, "cpu"))(*inputs)
+    assert torch.equal(out, split)
 
 
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
@@ -84,12 +120,14 @@ def test_maa_mix_same_bits_for_any_thread_count(T, rng):
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
-def test_maa_mix_opcheck(dtypes, rng):
-    compiled_or_skip(OP)
-    torch.library.opcheck(torch.ops.rwkv.maa_mix.default, make_inputs(3, 40, 5, 4, rng, *dtypes))
+def test_maa_mix_opcheck(op, dtypes, rng):
+    compiled_or_skip(op)
+    torch.library.opcheck(getattr(torch.ops.rwkv, op).default, make_inputs(3, 40, 5, 4, rng, *dtypes))
 
 
+# (Each op names itself: "maa_mix" below is replaced by the op's name.)
 REJECT_CASES = {
     "xx_dtype": "maa_mix: xx must be float32 or bfloat16, got float16",
     "z_dtype": r"maa_mix: z must be float32 \(xx's dtype\), got bfloat16",
@@ -103,10 +141,11 @@ REJECT_CASES = {
 }
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", sorted(REJECT_CASES))
-def test_maa_mix_rejects(impl, case, rng):
-    fn = implementation(OP, impl, "cpu")
+def test_maa_mix_rejects(op, impl, case, rng):
+    fn = implementation(op, impl, "cpu")
     xx, sx, z, w2, maa = make_inputs(3, 40, 5, 4, rng)
     if case == "xx_dtype":
         xx = xx.half()
@@ -126,5 +165,5 @@ def test_maa_mix_rejects(impl, case, rng):
         maa = maa[:4]
     elif case == "device":
         z = z.to("meta")
-    with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
+    with pytest.raises(RuntimeError, match=REJECT_CASES[case].replace("maa_mix:", op + ":")):
         fn(xx, sx, z, w2, maa)

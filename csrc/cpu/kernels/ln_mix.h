@@ -46,10 +46,11 @@ void layer_norm_rows(int64_t C, int64_t t0, int64_t t1, const float* x, const fl
   }
 }
 
-// out[i, t] for the n mix rows and rows t in [t0, t1) (out [n, T, C]; mix [n, C]).
+// out[i, t] for the n mix rows and rows t in [t0, t1) (outs: n pointers, to out[i] [T, C] each;
+// mix [n, C]).
 template <class V>
 void shift_mix_rows(int64_t T, int64_t C, int64_t n, int64_t t0, int64_t t1, const float* xx,
-                    const float* sx, const float* mix, bool lerp, float* out) {
+                    const float* sx, const float* mix, bool lerp, float* const* outs) {
   using S = typename V::Tail;
   using R = typename V::reg;
   const int64_t full = C - C % V::width;
@@ -59,7 +60,7 @@ void shift_mix_rows(int64_t T, int64_t C, int64_t n, int64_t t0, int64_t t1, con
     const float* prev = t == 0 ? sx : xx + (t - 1) * C;
     for (int64_t i = 0; i < n; ++i) {
       const float* m = mix + i * C;
-      float* o = out + (i * T + t) * C;
+      float* o = outs[i] + t * C;
       int64_t c = 0;
       if (lerp) {
         for (; c < full; c += V::width) {

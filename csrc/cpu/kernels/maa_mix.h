@@ -3,7 +3,8 @@
 // and maa [n, C]:
 //   d[t] = prev[t] - xx[t], prev[t] = sx for t = 0, else xx[t - 1]
 //   out[i, t] = xx[t] + d[t] * (maa[i] + sum_j zt[t, i*D + j] * w2[i, j])
-// w2 is fp32 or bf16 (W = float or uint16_t); everything else fp32.
+// w2 is fp32 or bf16 (W = float or uint16_t); everything else fp32. The kernels write out[i]
+// [T, C] through outs[i] (n pointers: one [n, T, C] tensor or n tensors).
 //
 // The sum over j is taken in two halves, j < h and j >= h with h = ceil(D / 2), each an fma
 // chain in j's order from zero, then added: (maa[i] + (lo + hi)). Both paths below do exactly
@@ -31,7 +32,7 @@ constexpr int64_t kMaaChunk = 512;
 
 template <class V, class W>
 void maa_mix(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1, const float* xx,
-             const float* sx, const float* zt, const W* w2, const float* maa, float* out) {
+             const float* sx, const float* zt, const W* w2, const float* maa, float* const* outs) {
   using S = typename V::Tail;
   using R = typename V::reg;
   alignas(64) float lo[kMaaChunk];
@@ -56,7 +57,7 @@ void maa_mix(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
         }
         const float* cur = xx + t * C + a;
         const float* prev = (t == 0 ? sx : xx + (t - 1) * C) + a;
-        float* o = out + (i * T + t) * C + a;
+        float* o = outs[i] + t * C + a;
         for (int64_t c = 0; c < full; c += V::width) {
           const R xv = V::load(cur + c);
           const R dv = V::sub(V::load(prev + c), xv);
@@ -114,15 +115,15 @@ void maa_half_sums(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt
 }
 
 // One token, after maa_half_sums: out[i] = xx + (sx - xx) * (maa[i] + (acc[2i] + acc[2i + 1]))
-// on channels [c0, c1); out [n, C].
+// on channels [c0, c1); out[i] [C] at outs[i].
 template <class V>
 void maa_finish(int64_t C, int64_t n, int64_t c0, int64_t c1, const float* xx, const float* sx,
-                const float* acc, const float* maa, float* out) {
+                const float* acc, const float* maa, float* const* outs) {
   using R = typename V::reg;
   const int64_t full = c0 + (c1 - c0) - (c1 - c0) % V::width;
   for (int64_t i = 0; i < n; ++i) {
     const float *lo = acc + 2 * i * C, *hi = lo + C, *mi = maa + i * C;
-    float* o = out + i * C;
+    float* o = outs[i];
     for (int64_t c = c0; c < full; c += V::width) {
       const R xv = V::load(xx + c);
       const R dv = V::sub(V::load(sx + c), xv);
