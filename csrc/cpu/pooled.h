@@ -10,11 +10,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace rwkv {
 namespace cpu {
 
 // An uninitialized contiguous CPU tensor, as at::empty(sizes, dtype).
 at::Tensor pooled_empty(at::IntArrayRef sizes, at::ScalarType dtype);
+
+// Bytes the pool keeps now: [in blocks up to 1 MiB, in larger blocks] (test hook rwkv::_pooled_kept).
+std::vector<int64_t> pooled_kept();
 
 }  // namespace cpu
 }  // namespace rwkv

@@ -144,6 +144,15 @@ def cpu_isa() -> str:
     return torch.ops.rwkv._cpu_isa()
 
 
+def pooled_kept() -> list:
+    """Bytes the CPU ops' block pool keeps for reuse: [in blocks up to 1 MiB (a decoded token's
+    results), in larger blocks (a prompt's)]; [0, 0] without compiled CPU kernels."""
+    _load()
+    if not has_kernel("_pooled_kept", "CompositeExplicitAutograd"):
+        return [0, 0]
+    return list(torch.ops.rwkv._pooled_kept())
+
+
 def set_cpu_isa(isa: str) -> str:
     """Forces the CPU kernels' instruction set ("" = automatic); returns the previous one.
     Raises RuntimeError when this CPU cannot run ``isa`` or when no CPU kernels are compiled."""

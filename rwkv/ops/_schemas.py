@@ -299,6 +299,8 @@ _define("_set_cpu_isa", "(str isa) -> str")
 # The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or pairs).
 _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")
+# Bytes the CPU ops' block pool keeps (csrc/cpu/pooled.cpp): [in blocks up to 1 MiB, larger ones].
+_define("_pooled_kept", "() -> int[]")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",

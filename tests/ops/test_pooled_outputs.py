@@ -91,6 +91,21 @@ def test_pooled_empty_like_reuses_freed_blocks_and_never_live_ones():
     assert again.data_ptr() not in {t.data_ptr() for t in live}
 
 
+def test_a_prompts_large_blocks_never_crowd_out_a_tokens_small_ones():
+    # A long prompt's [T, C] results (4 MiB at T = 512, C = 2048) fill the pool's budget for large
+    # blocks; blocks of a decoded token's sizes must still be kept (they have their own budget).
+    from rwkv.ops import _backend
+    fn = compiled_or_skip("pooled_empty_like")
+    large = [fn(torch.empty(1024, 1024)) for _ in range(20)]  # 80 MiB of 4 MiB blocks
+    del large
+    large_kept = _backend.pooled_kept()[1]
+    assert 0 < large_kept <= 64 << 20
+    small = [fn(torch.empty(3, 1001)) for _ in range(5)]  # 12012 bytes each: 12032 per block
+    small_live = _backend.pooled_kept()[0]  # (the pool may have had blocks of that size)
+    del small
+    assert _backend.pooled_kept() == [small_live + 5 * 12032, large_kept]
+
+
 def test_pooled_empty_like_wrapper_in_every_mode():
     from rwkv import ops
     compiled_or_skip("pooled_empty_like")
