@@ -19,7 +19,7 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     the machine's read bandwidth now (GB/s), called before each model's share of each round (before
     its untimed token, which brings the caches back); "probe_GBps" is the median of a model's
     readings, the bandwidth at the moments it decoded. Returns name -> {"decode_ms",
-    "prefill_tps"[, "probe_GBps"]}."""
+    "decode_ms_min", "decode_ms_p90", "prefill_tps"[, "probe_GBps"]}."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
     per_round = -(-decode // rounds)
@@ -45,6 +45,10 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     for res in out.values():
         times = sorted(res.pop("times"))
         res["decode_ms"] = 1000 * times[len(times) // 2]
+        # The spread: a row slowed by bursts of other load has a long upper tail, one slowed
+        # throughout (e.g. its memory's placement) a high minimum.
+        res["decode_ms_min"] = 1000 * times[0]
+        res["decode_ms_p90"] = 1000 * times[(9 * len(times)) // 10]
         probes = sorted(res.pop("probes"))
         if probes:
             res["probe_GBps"] = probes[len(probes) // 2]

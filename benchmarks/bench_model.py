@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import bisect
 import os
 import subprocess
 import sys
@@ -144,6 +145,35 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
+def huge_page_pct(model) -> float | None:
+    """The share of the memory mappings holding the model's CPU weights that is backed by
+    transparent huge pages (AnonHugePages / Rss in /proc/self/smaps), in %; None where that file
+    is unreadable. A row whose weights fell back to 4 KiB pages streams ~14% slower
+    (benchmarks/RESULTS.md), so this tells that cause apart from others."""
+    ptrs = sorted({t.data_ptr() for k, t in model.w.items()  # (not the embedding: one row is read)
+                   if k != "emb.weight" and isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                   and t.numel() > 0})
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    rss = huge = 0
+    hit = False
+    for line in lines + ["0-0 end"]:
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:  # a new mapping: "start-end perms ..."
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            i = bisect.bisect_left(ptrs, lo)
+            hit = i < len(ptrs) and ptrs[i] < hi
+            continue
+        if hit and head == "Rss:":
+            rss += int(line.split()[1])
+        elif hit and head == "AnonHugePages:":
+            huge += int(line.split()[1])
+    return round(100 * huge / rss, 1) if rss else None
+
+
 def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int, probe) -> dict:
     """Every strategy of one checkpoint loaded at once and timed interleaved (time_models), so the
     ratios between our strategies do not depend on when each ran; ``probe`` reads the bandwidth in
@@ -154,7 +184,8 @@ def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: i
 
     models = {s: RWKV(path, s, verbose=False) for s in strategies}
     res = time_models(models, VOCAB, prefill, decode, rounds, probe)
-    out = {s: {**res[s], "bytes": weight_bytes_per_token(m)} for s, m in models.items()}
+    out = {s: {**res[s], "bytes": weight_bytes_per_token(m), "huge_page_pct": huge_page_pct(m)}
+           for s, m in models.items()}
     # Free our models before upstream's subprocesses load theirs: the four 1.5B models held ~13 GB,
     # and upstream's int8 conversion next to them exhausted this 24 GiB machine.
     del models, res
@@ -231,7 +262,10 @@ def main(argv=None) -> int:
                        "adjacent_bandwidth_GBps": round(local_bw, 1),
                        "pct_of_adjacent_bandwidth": round(100 * gbps / local_bw, 1),
                        "decode_moment_bandwidth_GBps": round(ours["probe_GBps"], 1),
-                       "pct_of_decode_moment_bandwidth": round(100 * gbps / ours["probe_GBps"], 1)}
+                       "pct_of_decode_moment_bandwidth": round(100 * gbps / ours["probe_GBps"], 1),
+                       "decode_ms_min": round(ours["decode_ms_min"], 2),
+                       "decode_ms_p90": round(ours["decode_ms_p90"], 2),
+                       "weights_in_huge_pages_pct": ours["huge_page_pct"]}
                 emit({**row, "kind": "model (progress)"})  # the final "model" record adds % of bandwidth
                 rows.append(row)
     # The machine's bandwidth drifts (shared hardware): measure again and hold every row to the best.
