@@ -9,7 +9,7 @@ import torch
 
 
 def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1,
-                probe=None) -> dict:
+                probe=None, cpu_probe=None) -> dict:
     """``models``: name -> an RWKV model (either package). Per model, prefill: one forward of
     ``prefill`` seeded random tokens after a 16-token warm-up, then 3 warm-up tokens. Decode: the
     median of at least ``decode`` single-token forwards, taken in ``rounds`` rounds; in each round
@@ -18,8 +18,9 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     whose memory bandwidth drifts from minute to minute. ``probe``: an optional callable returning
     the machine's read bandwidth now (GB/s), called before each model's share of each round (before
     its untimed token, which brings the caches back); "probe_GBps" is the median of a model's
-    readings, the bandwidth at the moments it decoded. Returns name -> {"decode_ms",
-    "decode_ms_min", "decode_ms_p90", "prefill_tps"[, "probe_GBps"]}."""
+    readings, the bandwidth at the moments it decoded; ``cpu_probe`` likewise for the CPU's speed
+    ("cpu_probe": the median of its readings). Returns name -> {"decode_ms",
+    "decode_ms_min", "decode_ms_p90", "prefill_tps"[, "probe_GBps"][, "cpu_probe"]}."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
     per_round = -(-decode // rounds)
@@ -28,7 +29,8 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
         m.forward(prompt[:16], None)  # warm-up
         t0 = time.perf_counter()
         _, state = m.forward(prompt[:prefill], None)
-        out[name] = {"prefill_tps": prefill / (time.perf_counter() - t0), "times": [], "probes": []}
+        out[name] = {"prefill_tps": prefill / (time.perf_counter() - t0), "times": [], "probes": [],
+                     "cpu_probes": []}
         for t in prompt[:3]:
             _, state = m.forward([t], state)
         states[name] = state
@@ -36,6 +38,8 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
         for name, m in models.items():
             if probe is not None:
                 out[name]["probes"].append(probe())
+            if cpu_probe is not None:
+                out[name]["cpu_probes"].append(cpu_probe())
             _, state = m.forward([prompt[r % len(prompt)]], states[name])  # untimed: the switch
             for i in range(per_round):
                 t0 = time.perf_counter()
@@ -49,9 +53,10 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
         # throughout (e.g. its memory's placement) a high minimum.
         res["decode_ms_min"] = 1000 * times[0]
         res["decode_ms_p90"] = 1000 * times[(9 * len(times)) // 10]
-        probes = sorted(res.pop("probes"))
-        if probes:
-            res["probe_GBps"] = probes[len(probes) // 2]
+        for key, name in (("probes", "probe_GBps"), ("cpu_probes", "cpu_probe")):
+            readings = sorted(res.pop(key))
+            if readings:
+                res[name] = readings[len(readings) // 2]
     return out
 
 

@@ -15,16 +15,17 @@ between one strategy's turn and the next; upstream's strategies run one per subp
 prints both figures, the ratio, the weight bytes read per decoded token and the effective GB/s as a
 share of the measured bandwidth, against the bandwidth measured right after that checkpoint's
 interleaved decode ("adjacent") and against the median of quick readings taken in every round just
-before that strategy's turn ("moment": the bandwidth at the moments it decoded). Upstream's v7
-class has no int8 ("n/a").
+before that strategy's turn ("moment": the bandwidth at the moments it decoded), and the CPU's
+speed at those moments against its best reading of the run (CpuSpeed). Upstream's v7 class has no
+int8 ("n/a").
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
-import bisect
 import os
 import subprocess
 import sys
@@ -133,6 +134,30 @@ class AdjacentBandwidth:
         return _read_rate(self.w["a"], passes=1)
 
 
+class CpuSpeed:
+    """The CPU's speed right before each row's decoding turns: the best of 3 runs of a fixed pure
+    Python loop (~2 ms), in loop iterations per microsecond. The machine's cores are shared, and
+    their speed for work that is not memory-bound moved by up to 1.6x within seconds on the
+    development machine (benchmarks/RESULTS.md) while a plain read's bandwidth held. Decoding is
+    not purely memory-bound: int8 and bf16 rows spend a larger share of their time computing and
+    between the ops, so each row is also held to the CPU's speed at its moments, against the best
+    reading of the run."""
+
+    def __init__(self):
+        self.best = 0.0
+
+    def probe(self) -> float:
+        n, rate = 100_000, 0.0
+        for _ in range(3):
+            t0 = time.perf_counter()
+            s = 0
+            for i in range(n):
+                s += i
+            rate = max(rate, n / ((time.perf_counter() - t0) * 1e6))
+        self.best = max(self.best, rate)
+        return rate
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
     one row)."""
@@ -174,7 +199,8 @@ def huge_page_pct(model) -> float | None:
     return round(100 * huge / rss, 1) if rss else None
 
 
-def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int, probe) -> dict:
+def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int, probe,
+               cpu_probe=None) -> dict:
     """Every strategy of one checkpoint loaded at once and timed interleaved (time_models), so the
     ratios between our strategies do not depend on when each ran; ``probe`` reads the bandwidth in
     every round. strategy -> timings, the bandwidth while it decoded, and bytes."""
@@ -183,7 +209,7 @@ def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: i
     from rwkv.model import release_freed_memory
 
     models = {s: RWKV(path, s, verbose=False) for s in strategies}
-    res = time_models(models, VOCAB, prefill, decode, rounds, probe)
+    res = time_models(models, VOCAB, prefill, decode, rounds, probe, cpu_probe)
     out = {s: {**res[s], "bytes": weight_bytes_per_token(m), "huge_page_pct": huge_page_pct(m)}
            for s, m in models.items()}
     # Free our models before upstream's subprocesses load theirs: the four 1.5B models held ~13 GB,
@@ -228,6 +254,7 @@ def main(argv=None) -> int:
     emit({"kind": "memory_bandwidth", "when": "before", **{k: v and round(v, 2) for k, v in bws.items()},
           "threads": a.threads})
     adjacent = AdjacentBandwidth()
+    cpu = CpuSpeed()
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="rwkv-bench-"))
     rows = []
     for size in a.sizes.split(","):
@@ -239,7 +266,8 @@ def main(argv=None) -> int:
                 save_checkpoint(path, sd)
                 del sd
             strategies = [s.strip() for s in a.strategies.split(",")]
-            ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds, adjacent.probe)
+            ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds, adjacent.probe,
+                                  cpu.probe)
             local_bw = adjacent.measure()  # right after the interleaved decode: one figure per checkpoint
             for strategy in strategies:
                 ours = ours_all[strategy]
@@ -265,7 +293,8 @@ def main(argv=None) -> int:
                        "pct_of_decode_moment_bandwidth": round(100 * gbps / ours["probe_GBps"], 1),
                        "decode_ms_min": round(ours["decode_ms_min"], 2),
                        "decode_ms_p90": round(ours["decode_ms_p90"], 2),
-                       "weights_in_huge_pages_pct": ours["huge_page_pct"]}
+                       "weights_in_huge_pages_pct": ours["huge_page_pct"],
+                       "decode_moment_cpu_rate": round(ours["cpu_probe"], 2)}
                 emit({**row, "kind": "model (progress)"})  # the final "model" record adds % of bandwidth
                 rows.append(row)
     # The machine's bandwidth drifts (shared hardware): measure again and hold every row to the best.
@@ -275,16 +304,18 @@ def main(argv=None) -> int:
     bw = max(bws["GBps"], bws_after["GBps"])
     for row in rows:
         row["pct_of_bandwidth"] = round(100 * row["ours_GBps"] / bw, 1)
+        row["decode_moment_cpu_pct"] = round(100 * row["decode_moment_cpu_rate"] / cpu.best, 1)
         emit(row)
     print("\n| size | v | strategy | ours ms/tok | upstream ms/tok | x | ours prefill tok/s | upstream | x | MB/tok "
-          "| GB/s | % BW | adjacent BW | % adj. | moment BW | % moment |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GB/s | % BW | adjacent BW | % adj. | moment BW | % moment | CPU speed % |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['version']} | {r['strategy']} | {r['ours_decode_ms']} | {r['upstream_decode_ms']} | "
               f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {r['upstream_prefill_tps']} | {r['prefill_speedup']} | "
               f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} | "
               f"{r['adjacent_bandwidth_GBps']} | {r['pct_of_adjacent_bandwidth']} | "
-              f"{r['decode_moment_bandwidth_GBps']} | {r['pct_of_decode_moment_bandwidth']} |")
+              f"{r['decode_moment_bandwidth_GBps']} | {r['pct_of_decode_moment_bandwidth']} | "
+              f"{r['decode_moment_cpu_pct']} |")
     print(f"\nmemory read bandwidth: {bw:.1f} GB/s, the best of ({a.threads} threads, before / after "
           "the models): " + "; ".join(f"{k[:-5]} " + " / ".join("n/a" if b[k] is None else f"{b[k]:.1f}"
                                                                  for b in (bws, bws_after))
