@@ -185,7 +185,7 @@ def huge_page_pct(model) -> float | None:
         return None
     rss = huge = 0
     hit = False
-    for line in lines + ["0-0 end"]:
+    for line in lines:
         head = line.split()[0] if line else ""
         if "-" in head and ":" not in head:  # a new mapping: "start-end perms ..."
             lo, hi = (int(v, 16) for v in head.split("-"))
@@ -200,10 +200,10 @@ def huge_page_pct(model) -> float | None:
 
 
 def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: int, probe,
-               cpu_probe=None) -> dict:
+               cpu_probe) -> dict:
     """Every strategy of one checkpoint loaded at once and timed interleaved (time_models), so the
-    ratios between our strategies do not depend on when each ran; ``probe`` reads the bandwidth in
-    every round. strategy -> timings, the bandwidth while it decoded, and bytes."""
+    ratios between our strategies do not depend on when each ran; ``probe`` reads the bandwidth and
+    ``cpu_probe`` the CPU's speed in every round. strategy -> timings, the bandwidth while it decoded, and bytes."""
     from rwkv.model import RWKV
 
     from rwkv.model import release_freed_memory

@@ -49,6 +49,12 @@ class BlockPool final : public c10::Allocator {
     default_copy_data(dest, src, count);
   }
 
+  // Bytes kept now: [blocks up to kSmallBlock, larger blocks] (the test hook _pooled_kept).
+  std::array<size_t, 2> kept() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kept_;
+  }
+
   static BlockPool& instance() {
     static BlockPool* pool = new BlockPool();  // never destroyed: blocks may be freed at exit
     return *pool;
@@ -66,14 +72,6 @@ class BlockPool final : public c10::Allocator {
     return block;
   }
 
- public:
-  // Bytes kept now: [blocks up to kSmallBlock, larger blocks] (the test hook _pooled_kept).
-  std::array<size_t, 2> kept() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return kept_;
-  }
-
- private:
   static size_t budget(size_t size) { return size <= kSmallBlock ? 0 : 1; }
 
   static void release(void* data) {
