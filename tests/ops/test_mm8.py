@@ -210,7 +210,7 @@ def test_mm8_one_i16_isa(cpu_isa, dtype, N, M, rng):
         check_i16(fn, N, M, rng, dtype)
 
 
-@pytest.mark.parametrize("N,M", [(77, 45), (130, 64), (2048, 33), (4109, 9)])
+@pytest.mark.parametrize("N,M", [(77, 45), (130, 64), (2048, 33), (4109, 9), (3000, 70)])
 def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
     """Both orders (one column at a time / column pairs with prefetch) pass the accuracy checks,
     and since the dots are exact integers they give identical bits."""

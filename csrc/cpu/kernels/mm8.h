@@ -206,8 +206,11 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
 // 48 vs 21 GB/s). Otherwise column pairs with a software prefetch 2 KiB ahead (Intel: the
 // prefetch added 25-30%), which columns longer than that wrap into the next pair (from DRAM,
 // K rows x 2048 columns, the twenty-first session's Intel Xeon: K = 2560-8192 25-27 -> 27-30
-// GB/s; K = 2048 29.5 without against 26 GB/s with the wrap, kept without). docs/kernels.md has
-// the measurements.
+// GB/s; K = 2048 29.5 without against 26 GB/s with the wrap, kept without). Columns longer than
+// the prefetch distance (the FFN value's row slabs, K = 3584 or 4096) go 4 at a time, wrapping
+// into the next 4 (twenty-fifth session, same machine, per-token A/B in one process, 1.5b
+// `cpu fp32i8`: v6 -0.8 to -1.2 ms, v4 -0.55, v7 -0.21; v6 `cpu bf16i8` -1.1; at K = 2048, 4
+// columns were 5-6 ms slower). docs/kernels.md has the measurements.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
              const float* sums, const float* rx, const float* mx, float* y, bool sequential) {
@@ -218,8 +221,8 @@ void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t
   }
   constexpr int64_t kAhead = 2048;
   if (N > kAhead) {
-    for (; m + 2 <= m1; m += 2)
-      mm8_i16_columns<V, 2, kAhead, true>(N, m, xq, q, scale, sums, rx, mx, y);
+    for (; m + 4 <= m1; m += 4)
+      mm8_i16_columns<V, 4, kAhead, true>(N, m, xq, q, scale, sums, rx, mx, y);
   } else {
     for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
   }
