@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "cpu/kernels/prefetch.h"
 #include "cpu/kernels/vec_avx512vnni.h"
 
 namespace rwkv {
@@ -26,8 +27,9 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
   // would bound the loop by the instruction's latency; four, or steps of 128, read memory
   // slower: RESULTS.md), then a last block of 32 into the first and the tail, by masked loads
   // (no element past N is read), into the next; then the two added: the same order for every B,
-  // so the read orders give the same bits.
-  template <int B>
+  // so the read orders give the same bits. kPrefetch: prefetch.h's software prefetch on each column
+  // stream.
+  template <int B, bool kPrefetch = false>
   static void bf16_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w, float* y) {
     const uint16_t* col[B];
     __m512 acc[B][2];
@@ -41,6 +43,14 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
     };
     int64_t n = 0;
     for (; n + 64 <= N; n += 64) {
+      if (kPrefetch) {  // a step is 128 bytes of each column: its two lines
+        const int64_t ahead = wrapped_ahead<B>(2 * n, 2 * N);
+        for (int b = 0; b < B; ++b) {
+          const char* at = reinterpret_cast<const char*>(col[b] + n) + ahead;
+          __builtin_prefetch(at);
+          __builtin_prefetch(at + 64);
+        }
+      }
       add(0, (__m512bh)_mm512_loadu_si512(x + n), n);
       add(1, (__m512bh)_mm512_loadu_si512(x + n + 32), n + 32);
     }
