@@ -166,18 +166,27 @@ inline void check_block_params(const char* op, const at::Tensor& p, int64_t rows
   RWKV_CHECK_CONTIGUOUS(op, p);
 }
 
-// wkv6_block: state, r, k, v, w (the decay's low-rank term) as wkv6_forward's rows; g [T, H*N]
-// float32 or bfloat16 (the result's dtype); p [4, H*N] fp32 contiguous.
+// wkv6_block: state as wkv6_forward's; g [T, H*N] float32 or bfloat16 (the result's dtype); r, k,
+// v, w (the decay's low-rank term) [T, H*N] float32 or g's dtype; p [4, H*N] fp32 contiguous.
 inline WkvDims check_wkv6_block(const at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
                                 const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
                                 const at::Tensor& p, const c10::optional<at::Tensor>& state_in) {
   const char* op = "wkv6_block";
   check_same_device(op, {{"state", &state}, {"r", &r}, {"k", &k}, {"v", &v}, {"w", &w},
                          {"g", &g}, {"p", &p}});
-  const WkvDims d = check_state_and_r(op, state, r);
-  check_rows(op, "[T, H*N]", {{"r", &r}, {"k", &k}, {"v", &v}, {"w", &w}}, d.T, d.H * d.N);
   check_activation_dtype(op, "g", g);
-  check_rows(op, "[T, H*N]", {{"g", &g}}, d.T, d.H * d.N, g.scalar_type());
+  const at::ScalarType act = g.scalar_type();
+  const WkvDims d = check_state_and_r(op, state, r, true);
+  // r, k, v, w: fp32, or in g's dtype (the products' results as the model rounds them; widened
+  // exactly).
+  for (const NamedTensor& t : {NamedTensor{"r", &r}, NamedTensor{"k", &k}, NamedTensor{"v", &v},
+                               NamedTensor{"w", &w}}) {
+    const at::ScalarType dt = t.second->scalar_type();
+    TORCH_CHECK(dt == at::kFloat || dt == act, op, ": ", t.first, " must be float32 or g's dtype (",
+                dtype_name(act), "), got ", dtype_name(dt));
+    check_rows(op, "[T, H*N]", {t}, d.T, d.H * d.N, dt);
+  }
+  check_rows(op, "[T, H*N]", {{"g", &g}}, d.T, d.H * d.N, act);
   check_block_params(op, p, 4, d);
   if (state_in.has_value()) check_state_in(op, state, *state_in);
   return d;

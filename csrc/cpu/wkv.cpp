@@ -102,10 +102,9 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                       const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
                       const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
-  const at::Tensor rc = r.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-                   wc = w.contiguous();
-  Fp32Inputs in32(d.T, g.numel());
-  const float* gp = in32(g);
+  // r, k, v, w and g in fp32 (bf16 ones widened; fp32 ones as they are where contiguous).
+  Fp32Inputs in32(d.T, 5 * g.numel());
+  const float *rp = in32(r), *kp = in32(k), *vp = in32(v), *wp = in32(w), *gp = in32(g);
   const at::ScalarType dt = g.scalar_type();
   const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
   at::Tensor held;
@@ -113,8 +112,8 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   const KernelTable& kt = kernels();
   at::parallel_for(0, d.H, grain_for(d.T * d.N * d.N), [&](int64_t h0, int64_t h1) {
     kt.wkv6_block(d.T, d.H, d.N, h0, h1, state.data_ptr<float>(),
-                  state_in.has_value() ? in(*state_in) : nullptr, in(rc), in(kc), in(vc), in(wc),
-                  gp, in(p), static_cast<float>(eps), scratch + h0 * d.N, y.data());
+                  state_in.has_value() ? in(*state_in) : nullptr, rp, kp, vp, wp, gp, in(p),
+                  static_cast<float>(eps), scratch + h0 * d.N, y.data());
   });
   return y.take();
 }

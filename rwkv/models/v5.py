@@ -28,7 +28,7 @@ class TimeMixV5:
         shape = (self.H, self.N)
         self.first = w[p + "att.time_first"].expand(self.H, self.N, 1).reshape(shape).contiguous()
         self._load_mixes(w, p, dd, mode)
-        f32 = torch.float32
+        f32 = self._rkv_dtype()
         members = [(self.receptance, None, f32), (self.key, None, f32), (self.value, None, f32)]
         members += [(self.gate, "silu", None)] if self.gated else []
         members += self._extra_members()
@@ -43,6 +43,11 @@ class TimeMixV5:
     def _extra_members(self) -> list:
         """Products of the same token besides r, k, v, g (RWKV-6: the decay's first factor)."""
         return []
+
+    def _rkv_dtype(self):
+        """The dtype r, k, v are converted to after their products (upstream's fp32), or None to
+        keep the products' own (the activation dtype)."""
+        return torch.float32
 
     def _inputs(self, x, sx):
         """Returns the new shift state (ln1 of x's last row) and the inputs of _block: r, k, v
@@ -80,7 +85,7 @@ class TimeMixV6(TimeMixV5):
         super().__init__(w, i, dd, info, mode, stream)
         # The decay's second factor after the products (its input: the first factor's result).
         self.decay_products = ProjectionChain(
-            self.products, ProjectionGroup([(self.decay_w2, None, torch.float32)], mode), [4], mode)
+            self.products, ProjectionGroup([(self.decay_w2, None, self._rkv_dtype())], mode), [4], mode)
 
     def _load_mixes(self, w, p, dd, mode):
         a = p + "att."
@@ -117,6 +122,11 @@ class TimeMixV6(TimeMixV5):
 
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]
+
+    def _rkv_dtype(self):
+        # The compiled wkv6_block widens bf16 r, k, v and w itself (exactly, so the same values as
+        # upstream's .float() after each product): no conversion op per tensor.
+        return None if self.block is not None else torch.float32
 
     def _block(self, S_old, r, k, v, g, w, dtype):
         if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first

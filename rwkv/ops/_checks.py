@@ -171,9 +171,14 @@ def validate_wkv6_block(state, r, k, v, w, g, p, state_in=None) -> tuple:
     op = "wkv6_block"
     names = ("state", "r", "k", "v", "w", "g", "p")
     check_same_device(op, names, (state, r, k, v, w, g, p))
-    T, H, N = _check_state_and_r(op, state, r)
-    _check_rows(op, names[1:5], (r, k, v, w), T, H * N)
     check_activation_dtype(op, "g", g)
+    T, H, N = _check_state_and_r(op, state, r, r_activation=True)
+    # r, k, v, w: fp32, or in g's dtype (the products' results as the model rounds them).
+    for name, t in zip(names[1:5], (r, k, v, w)):
+        torch._check(t.dtype in (torch.float32, g.dtype),
+                     lambda: f"{op}: {name} must be float32 or g's dtype ({dtype_name(g.dtype)}), "
+                             f"got {dtype_name(t.dtype)}")
+        _check_rows(op, (name,), (t,), T, H * N, dtype=t.dtype)
     _check_rows(op, ("g",), (g,), T, H * N, dtype=g.dtype)
     _check_block_params(op, p, 4, H * N)
     if state_in is not None:

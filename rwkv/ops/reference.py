@@ -251,12 +251,13 @@ def _start_from(state, state_in):
 
 def wkv6_block(state, r, k, v, w, g, p, eps, state_in=None):
     """RWKV-6 time mix around the recurrence (wkv6_block_math with wkv6_forward). state [H, N, N]
-    fp32 in place, starting from state_in's values when given; r, k, v, w [T, H*N] fp32; g
-    [T, H*N] fp32 or bf16; p [4, H*N] fp32 (time_decay, time_first, ln_x weight, ln_x bias).
+    fp32 in place, starting from state_in's values when given; g [T, H*N] fp32 or bf16; r, k, v, w
+    [T, H*N] fp32 or g's dtype; p [4, H*N] fp32 (time_decay, time_first, ln_x weight, ln_x bias).
     Computes in fp32; returns y [T, H*N] in g's dtype."""
     _checks.validate_wkv6_block(state, r, k, v, w, g, p, state_in)
     _start_from(state, state_in)
-    return wkv6_block_math(wkv6_forward, state, r, k, v, w, g.float(), p.unbind(0), eps).to(g.dtype)
+    rows = [t.float() for t in (r, k, v, w, g)]
+    return wkv6_block_math(wkv6_forward, state, *rows, p.unbind(0), eps).to(g.dtype)
 
 
 def wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in=None):

@@ -67,6 +67,24 @@ def test_wkv6_block_state_in_equals_in_place(impl, dtype, T, rng):
     assert_state_in_equals_in_place(implementation(OP, impl, "cpu"), state, args, GROUP_NORM_EPS)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T", [1, 3])
+def test_wkv6_block_bf16_rows_equal_their_fp32_values(impl, T, rng):
+    """With bf16 activations, r, k, v and w may come in bf16 (the model passes its products'
+    results as they are): the op widens them exactly, so the result and the new state are those
+    of the same values passed in fp32, bit for bit; mixed dtypes too."""
+    fn = implementation(OP, impl, "cpu")
+    state, r, k, v, w, g, p = make_inputs(T, 2, 32, rng, dtype=torch.bfloat16)
+    rows16 = [t.bfloat16() for t in (r, k, v, w)]
+    s32, s16, smix = state.clone(), state.clone(), state.clone()
+    y32 = fn(s32, *(t.float() for t in rows16), g, p, GROUP_NORM_EPS)
+    y16 = fn(s16, *rows16, g, p, GROUP_NORM_EPS)
+    ymix = fn(smix, rows16[0], rows16[1].float(), rows16[2], rows16[3].float(), g, p, GROUP_NORM_EPS)
+    for y, s in ((y16, s16), (ymix, smix)):
+        assert y.dtype == torch.bfloat16
+        assert torch.equal(y, y32) and torch.equal(s, s32)
+
+
 def test_wkv6_block_sequence_equals_token_by_token(rng):
     state, *rows, p = make_inputs(5, 2, 16, rng)
     assert_block_sequence_equals_steps(compiled_or_skip(OP), state, rows, p, GROUP_NORM_EPS)
@@ -88,7 +106,8 @@ REJECT_CASES = {
     "state_strided": r"wkv6_block: state must be contiguous, got strides \[64, 1, 8\]",
     "w_shape": r"wkv6_block: w must have shape \[T, H\*N\] = \[3, 16\], got \[2, 16\]",
     "g_dtype": "wkv6_block: g must be float32 or bfloat16, got float16",
-    "k_dtype": "wkv6_block: k must be float32, got bfloat16",
+    "k_dtype": r"wkv6_block: k must be float32 or g's dtype \(float32\), got bfloat16",
+    "v_dtype_bf16_gate": r"wkv6_block: v must be float32 or g's dtype \(bfloat16\), got float16",
     "p_shape": r"wkv6_block: p must have shape \[4, H\*N\] = \[4, 16\], got \[8, 16\]",
     **{k: m.format(op="wkv6_block") for k, m in STATE_IN_REJECT_CASES.items()},
     "device": r"wkv6_block: v must be on the same device as state \(cpu\), got meta",
@@ -113,6 +132,8 @@ def test_wkv6_block_rejects(impl, case, rng):
         g = g.half()
     elif case == "k_dtype":
         k = k.bfloat16()
+    elif case == "v_dtype_bf16_gate":
+        g, v = g.bfloat16(), v.half()
     elif case == "p_shape":
         p = torch.cat([p, p])
     elif case == "device":
