@@ -162,33 +162,30 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
   return amax / kXqMax;
 }
 
-// mm8_one_i16 on columns [m, m + B): exact integer dots xq . q[:, m], Dot16::kStep bytes per
-// step, then the same epilogue as mm8_columns with dot = scale * (float)sum. kAhead > 0 adds a
-// software prefetch that many bytes ahead on each column stream, one per 64-byte line of the
-// step (with avx512vnni's 128-byte steps a prefetch of only the first line per step left every
-// other line to the hardware: 2048x8192 from DRAM 27.3-27.8 against 29.3-29.8 GB/s on the
-// twenty-first session's Intel Xeon). kWrap: within the last kAhead bytes of its columns each
-// stream prefetches the same place in the next B columns (the stream that will read it), not the
-// bytes right after its column (which the B-1 streams beside it have read already).
-template <class V, int B, int64_t kAhead, bool kWrap = false>
-inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8_t* q,
-                            float scale, const float* sums, const float* rx, const float* mx,
-                            float* y) {
+// mm8_one_i16 on the B columns m, m + stride, ..., m + (B-1)*stride: exact integer dots
+// xq . q[:, c], Dot16::kStep bytes per step, then the same epilogue as mm8_columns with dot =
+// scale * (float)sum. kAhead > 0 adds a software prefetch that many bytes ahead on each column
+// stream, one per 64-byte line of the step (with avx512vnni's 128-byte steps a prefetch of only
+// the first line per step left every other line to the hardware: 2048x8192 from DRAM 27.3-27.8
+// against 29.3-29.8 GB/s on the twenty-first session's Intel Xeon); past a column's end it
+// reaches into the next column, which mm8_i16's streams read next.
+template <class V, int B, int64_t kAhead>
+inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t* xq,
+                            const uint8_t* q, float scale, const float* sums, const float* rx,
+                            const float* mx, float* y) {
   using D = typename V::Dot16;
   constexpr int64_t kStep = D::kStep, kFlush = D::kFlushRows;
   const uint8_t* col[B];
   D d[B];
-  for (int b = 0; b < B; ++b) col[b] = q + (m + b) * N;
+  for (int b = 0; b < B; ++b) col[b] = q + (m + b * stride) * N;
   const int64_t full = N - N % kStep;
   for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
     for (int64_t n = n0; n < n1; n += kStep) {
-      if (kAhead > 0) {
-        const int64_t ahead = kWrap && n + kAhead >= N ? kAhead + (B - 1) * N : kAhead;
+      if (kAhead > 0)
         for (int b = 0; b < B; ++b)
           for (int64_t line = 0; line < kStep; line += 64)
-            __builtin_prefetch(col[b] + n + ahead + line);
-      }
+            __builtin_prefetch(col[b] + n + kAhead + line);
       for (int b = 0; b < B; ++b) d[b].add(xq + n, col[b] + n);
     }
     for (int b = 0; b < B; ++b) d[b].flush();
@@ -196,37 +193,47 @@ inline void mm8_i16_columns(int64_t N, int64_t m, const int16_t* xq, const uint8
   for (int b = 0; b < B; ++b) {
     if (full < N) d[b].add_tail(xq + full, col[b] + full, N - full);
     const float dot = scale * static_cast<float>(d[b].sum());
-    y[m + b] = rx[m + b] * (dot + sums[0]) + sums[1] + mx[m + b] * sums[2];
+    const int64_t c = m + b * stride;
+    y[c] = rx[c] * (dot + sums[0]) + sums[1] + mx[c] * sums[2];
   }
+}
+
+// The columns [m0, m0 + B*L) of mm8_i16 (L = (m1 - m0) / B) as B streams, stream b reading
+// columns m0 + b*L, m0 + b*L + 1, ... in turn (one run of consecutive memory each), a step of
+// each in turn; then the columns left, one after another.
+template <class V, int B, int64_t kAhead>
+inline void mm8_i16_streams(int64_t N, int64_t m0, int64_t m1, const int16_t* xq,
+                            const uint8_t* q, float scale, const float* sums, const float* rx,
+                            const float* mx, float* y) {
+  const int64_t L = (m1 - m0) / B;
+  for (int64_t i = 0; i < L; ++i)
+    mm8_i16_columns<V, B, kAhead>(N, m0 + i, L, xq, q, scale, sums, rx, mx, y);
+  for (int64_t m = m0 + B * L; m < m1; ++m)
+    mm8_i16_columns<V, 1, kAhead>(N, m, 1, xq, q, scale, sums, rx, mx, y);
 }
 
 // Columns [m0, m1) in one of two memory orders (the results are identical: the dots are exact).
 // sequential: one column after another, no software prefetch, so each thread reads one
 // sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
-// 48 vs 21 GB/s). Otherwise column pairs with a software prefetch 2 KiB ahead (Intel: the
-// prefetch added 25-30%), which columns longer than that wrap into the next pair (from DRAM,
-// K rows x 2048 columns, the twenty-first session's Intel Xeon: K = 2560-8192 25-27 -> 27-30
-// GB/s; K = 2048 29.5 without against 26 GB/s with the wrap, kept without). Columns longer than
-// the prefetch distance (the FFN value's row slabs, K = 3584 or 4096) go 4 at a time, wrapping
-// into the next 4 (twenty-fifth session, same machine, per-token A/B in one process, 1.5b
-// `cpu fp32i8`: v6 -0.8 to -1.2 ms, v4 -0.55, v7 -0.21; v6 `cpu bf16i8` -1.1; at K = 2048, 4
-// columns were 5-6 ms slower). docs/kernels.md has the measurements.
+// 48 vs 21 GB/s). Otherwise 4 streams over the range's quarters (mm8_i16_streams) with a software
+// prefetch 1 KiB ahead, or 3 KiB for columns longer than 2 KiB (the FFN value's row slabs, K =
+// 3584 or 4096). On the twenty-first to twenty-fifth sessions' Intel Xeon (the earlier orders:
+// column pairs, 2 KiB ahead, wrapping into the next pair past a column's end; then 4 adjacent
+// columns for the long ones), per-token A/B in one process, 1.5b: v6 `cpu fp32i8` -2.4 to -2.8
+// ms per token of ~54, v7 -2.8 of 50, v4 -2.7 of 60, v6 `cpu bf16i8` -3.5; the avx2 and avx512
+// kernels -3.7 and -3.4; the benchmark's 1 GiB int8 harness 29.7 -> 31.2 GB/s (the fp32 kernel's
+// 31.7). docs/kernels.md has the measurements and the orders tried.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
              const float* sums, const float* rx, const float* mx, float* y, bool sequential) {
-  int64_t m = m0;
   if (sequential) {
-    for (; m < m1; ++m) mm8_i16_columns<V, 1, 0>(N, m, xq, q, scale, sums, rx, mx, y);
-    return;
-  }
-  constexpr int64_t kAhead = 2048;
-  if (N > kAhead) {
-    for (; m + 4 <= m1; m += 4)
-      mm8_i16_columns<V, 4, kAhead, true>(N, m, xq, q, scale, sums, rx, mx, y);
+    for (int64_t m = m0; m < m1; ++m)
+      mm8_i16_columns<V, 1, 0>(N, m, 1, xq, q, scale, sums, rx, mx, y);
+  } else if (N <= 2048) {
+    mm8_i16_streams<V, 4, 1024>(N, m0, m1, xq, q, scale, sums, rx, mx, y);
   } else {
-    for (; m + 2 <= m1; m += 2) mm8_i16_columns<V, 2, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
+    mm8_i16_streams<V, 4, 3072>(N, m0, m1, xq, q, scale, sums, rx, mx, y);
   }
-  for (; m < m1; ++m) mm8_i16_columns<V, 1, kAhead>(N, m, xq, q, scale, sums, rx, mx, y);
 }
 
 // Tiles for mm8_seq's BLAS path: columns [m0, m1) of q as rows of out [m1 - m0, N], either as
