@@ -6,16 +6,18 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cpu/kernels/prefetch.h"
+#include "cpu/kernels/streams.h"
 #include "cpu/kernels/vec_scalar.h"
 
 namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// Columns [m, m + B); kPrefetch: the software prefetch of prefetch.h on each column stream.
-template <class V, int B, class T, bool kPrefetch = false>
-inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, float* y) {
+// The B columns m, m + stride, ..., m + (B-1)*stride. kAhead > 0: a software prefetch of every
+// 64-byte line that many bytes ahead on each column stream (streams.h).
+template <class V, int B, class T, int64_t kAhead = 0>
+inline void linear_columns(int64_t N, int64_t m, int64_t stride, const float* x, const T* w,
+                           float* y) {
   using R = typename V::reg;
   constexpr int W = V::width;
   constexpr int64_t E = sizeof(T);
@@ -23,16 +25,14 @@ inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, flo
   const T* col[B];
   R acc[B];
   for (int b = 0; b < B; ++b) {
-    col[b] = w + (m + b) * N;
+    col[b] = w + (m + b * stride) * N;
     acc[b] = V::zero();
   }
   int64_t n = 0;
   for (; n + W <= N; n += W) {
-    if (kPrefetch && (n * E) % 64 == 0) {  // once per line (a step of W elements may be less)
-      const int64_t ahead = wrapped_ahead<B>(n * E, N * E);
+    if (kAhead > 0 && (n * E) % 64 == 0)  // once per line (a step of W elements may be less)
       for (int b = 0; b < B; ++b)
-        __builtin_prefetch(reinterpret_cast<const char*>(col[b] + n) + ahead);
-    }
+        __builtin_prefetch(reinterpret_cast<const char*>(col[b] + n) + kAhead);
     const R xv = V::load(x + n);
     for (int b = 0; b < B; ++b) acc[b] = V::fma(xv, load_elems<V>(col[b] + n), acc[b]);
   }
@@ -40,7 +40,7 @@ inline void linear_columns(int64_t N, int64_t m, const float* x, const T* w, flo
   for (int b = 0; b < B; ++b) dot[b] = V::reduce_add(acc[b]);
   for (; n < N; ++n)
     for (int b = 0; b < B; ++b) dot[b] += x[n] * load_elems<S>(col[b] + n);
-  for (int b = 0; b < B; ++b) y[m + b] = dot[b];
+  for (int b = 0; b < B; ++b) y[m + b * stride] = dot[b];
 }
 
 // Columns of at most this many bytes are short: the second factors of the low-rank products (the
@@ -73,36 +73,44 @@ inline void linear_short_columns(int64_t N, int64_t m, const float* x, const T* 
 }
 
 // Output columns [m0, m1): short columns W at a time (above; a last partial group as below), else
-// one column after another (sequential: one sequential stream per
-// thread, what AMD Zen 4 streams fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s)
-// or 4 columns at a time (4 streams sharing each load of x) with the software prefetch (the
-// twenty-fifth session's Intel Xeon, per-token A/B in one process, 1.5b v6: `cpu bf16` on the
-// avx512 and avx2 kernels -15 and -19 ms per token of ~121, `cpu fp32` -2.5 to -2.8 ms of ~214 on
-// avx512bf16 and -9.8 on avx2; docs/kernels.md).
+// one column after another (sequential: one sequential stream per thread, what AMD Zen 4 streams
+// fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s) or 4 streams (streams.h) with
+// a software prefetch 2 KiB ahead (the twenty-fifth session's Intel Xeon, against the 4 adjacent
+// columns without prefetch before, per-token A/B in one process, 1.5b v6: `cpu fp32` on
+// avx512bf16 ~-13 ms per token of ~215, `cpu bf16` on the avx512 and avx2 kernels ~-25 of ~120;
+// docs/kernels.md).
 template <class V, class T>
 void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, float* y,
                 bool sequential) {
   int64_t m = m0;
   if (N * static_cast<int64_t>(sizeof(T)) <= kShortColumnBytes)
     for (; m + V::width <= m1; m += V::width) linear_short_columns<V>(N, m, x, w, y);
-  if (!sequential)
-    for (; m + 4 <= m1; m += 4) linear_columns<V, 4, T, true>(N, m, x, w, y);
-  for (; m < m1; ++m) linear_columns<V, 1>(N, m, x, w, y);
+  const auto one = [&](int64_t c) { linear_columns<V, 1, T>(N, c, 1, x, w, y); };
+  if (sequential) {
+    for (; m < m1; ++m) one(m);
+    return;
+  }
+  column_streams<4>(
+      m, m1, [&](int64_t c, int64_t L) { linear_columns<V, 4, T, 2048>(N, c, L, x, w, y); }, one);
 }
 
 // linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
-// (V::bf16_columns, V::bf16_short_columns): short columns as above, else one column after another
-// (sequential) or column pairs with the software prefetch (pairs beat 4 columns here: 1.5b v6
-// `cpu bf16` -10.5 ms per token of ~115 against -6.4, 0.1b -2.1 of 13.5 against -0.6).
+// (V::bf16_columns, V::bf16_short_columns): the same orders, the streams prefetching 1 KiB ahead
+// (1.5b v6 `cpu bf16` ~-24 ms per token of ~115 against the 4 adjacent columns before).
 template <class V>
 void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, const uint16_t* w,
                       float* y, bool sequential) {
   int64_t m = m0;
   if (N * 2 <= kShortColumnBytes)
     for (; m + V::width <= m1; m += V::width) V::bf16_short_columns(N, m, x, w, y);
-  if (!sequential)
-    for (; m + 2 <= m1; m += 2) V::template bf16_columns<2, true>(N, m, x, w, y);
-  for (; m < m1; ++m) V::template bf16_columns<1>(N, m, x, w, y);
+  const auto one = [&](int64_t c) { V::template bf16_columns<1>(N, c, 1, x, w, y); };
+  if (sequential) {
+    for (; m < m1; ++m) one(m);
+    return;
+  }
+  column_streams<4>(
+      m, m1, [&](int64_t c, int64_t L) { V::template bf16_columns<4, 1024>(N, c, L, x, w, y); },
+      one);
 }
 
 // Whether the Vec policy V has bf16 dot products (V::bf16_columns).

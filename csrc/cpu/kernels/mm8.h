@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cpu/kernels/streams.h"
 #include "cpu/kernels/vec_scalar.h"
 
 namespace rwkv {
@@ -198,18 +199,17 @@ inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t*
   }
 }
 
-// The columns [m0, m0 + B*L) of mm8_i16 (L = (m1 - m0) / B) as B streams, stream b reading
-// columns m0 + b*L, m0 + b*L + 1, ... in turn (one run of consecutive memory each), a step of
-// each in turn; then the columns left, one after another.
+// Columns [m0, m1) of mm8_i16 as B streams (streams.h), prefetching kAhead bytes ahead.
 template <class V, int B, int64_t kAhead>
 inline void mm8_i16_streams(int64_t N, int64_t m0, int64_t m1, const int16_t* xq,
                             const uint8_t* q, float scale, const float* sums, const float* rx,
                             const float* mx, float* y) {
-  const int64_t L = (m1 - m0) / B;
-  for (int64_t i = 0; i < L; ++i)
-    mm8_i16_columns<V, B, kAhead>(N, m0 + i, L, xq, q, scale, sums, rx, mx, y);
-  for (int64_t m = m0 + B * L; m < m1; ++m)
-    mm8_i16_columns<V, 1, kAhead>(N, m, 1, xq, q, scale, sums, rx, mx, y);
+  column_streams<B>(
+      m0, m1,
+      [&](int64_t m, int64_t L) {
+        mm8_i16_columns<V, B, kAhead>(N, m, L, xq, q, scale, sums, rx, mx, y);
+      },
+      [&](int64_t m) { mm8_i16_columns<V, 1, kAhead>(N, m, 1, xq, q, scale, sums, rx, mx, y); });
 }
 
 // Columns [m0, m1) in one of two memory orders (the results are identical: the dots are exact).
@@ -217,7 +217,7 @@ inline void mm8_i16_streams(int64_t N, int64_t m0, int64_t m1, const int16_t* xq
 // sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
 // 48 vs 21 GB/s). Otherwise 4 streams over the range's quarters (mm8_i16_streams) with a software
 // prefetch 1 KiB ahead, or 3 KiB for columns longer than 2 KiB (the FFN value's row slabs, K =
-// 3584 or 4096). On the twenty-first to twenty-fifth sessions' Intel Xeon (the earlier orders:
+// 3584 or 4096): streams.h. On the twenty-first to twenty-fifth sessions' Intel Xeon (the earlier orders:
 // column pairs, 2 KiB ahead, wrapping into the next pair past a column's end; then 4 adjacent
 // columns for the long ones), per-token A/B in one process, 1.5b: v6 `cpu fp32i8` -2.4 to -2.8
 // ms per token of ~54, v7 -2.8 of 50, v4 -2.7 of 60, v6 `cpu bf16i8` -3.5; the avx2 and avx512

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 
-#include "cpu/kernels/prefetch.h"
 #include "cpu/kernels/vec_avx512vnni.h"
 
 namespace rwkv {
@@ -27,14 +26,15 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
   // would bound the loop by the instruction's latency; four, or steps of 128, read memory
   // slower: RESULTS.md), then a last block of 32 into the first and the tail, by masked loads
   // (no element past N is read), into the next; then the two added: the same order for every B,
-  // so the read orders give the same bits. kPrefetch: prefetch.h's software prefetch on each column
-  // stream.
-  template <int B, bool kPrefetch = false>
-  static void bf16_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w, float* y) {
+  // so the read orders give the same bits. The B columns are m, m + stride, ...; kAhead > 0: a
+  // software prefetch of both lines of each step that many bytes ahead on each column stream.
+  template <int B, int64_t kAhead = 0>
+  static void bf16_columns(int64_t N, int64_t m, int64_t stride, const uint16_t* x,
+                           const uint16_t* w, float* y) {
     const uint16_t* col[B];
     __m512 acc[B][2];
     for (int b = 0; b < B; ++b) {
-      col[b] = w + (m + b) * N;
+      col[b] = w + (m + b * stride) * N;
       acc[b][0] = acc[b][1] = _mm512_setzero_ps();
     }
     const auto add = [&](int k, __m512bh xv, int64_t n) {
@@ -43,10 +43,9 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
     };
     int64_t n = 0;
     for (; n + 64 <= N; n += 64) {
-      if (kPrefetch) {  // a step is 128 bytes of each column: its two lines
-        const int64_t ahead = wrapped_ahead<B>(2 * n, 2 * N);
+      if (kAhead > 0) {  // a step is 128 bytes of each column: its two lines
         for (int b = 0; b < B; ++b) {
-          const char* at = reinterpret_cast<const char*>(col[b] + n) + ahead;
+          const char* at = reinterpret_cast<const char*>(col[b] + n) + kAhead;
           __builtin_prefetch(at);
           __builtin_prefetch(at + 64);
         }
@@ -68,7 +67,7 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
                                      (__m512bh)_mm512_maskz_loadu_epi16(mask, col[b] + n));
     }
     for (int b = 0; b < B; ++b)
-      y[m + b] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
+      y[m + b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
   }
 
   // Columns [m, m + 16) of short columns (linear.h, linear_short_columns): one column after the
