@@ -28,8 +28,8 @@ class TimeMixV5:
         shape = (self.H, self.N)
         self.first = w[p + "att.time_first"].expand(self.H, self.N, 1).reshape(shape).contiguous()
         self._load_mixes(w, p, dd, mode)
-        f32 = self._rkv_dtype()
-        members = [(self.receptance, None, f32), (self.key, None, f32), (self.value, None, f32)]
+        rkv = self._rkv_dtype()
+        members = [(self.receptance, None, rkv), (self.key, None, rkv), (self.value, None, rkv)]
         members += [(self.gate, "silu", None)] if self.gated else []
         members += self._extra_members()
         self.products = ProjectionGroup(members, mode)

@@ -68,8 +68,8 @@ def _wkv7_fake(state, r, w, k, v, a, b):
 
 # One RWKV-6 layer's time mix around wkv6_forward (docs/kernels.md): state as wkv6_forward, in
 # place; g (the gate after silu): [T, H*N] fp32 or bf16 (the activation dtype); r, k, v and w (the
-# decay's low-rank term): [T, H*N] fp32 or g's dtype (widened exactly); p: [4, H*N] fp32, the rows time_decay,
-# time_first, ln_x weight, ln_x bias. Computes in fp32. Returns the time mix's output before the
+# decay's low-rank term): [T, H*N] fp32 or g's dtype (widened exactly); p: [4, H*N] fp32, the rows
+# time_decay, time_first, ln_x weight, ln_x bias. Computes in fp32. Returns the time mix's output before the
 # output projection, y: [T, H*N] in g's dtype. state_in (optional): as wkv7_block's.
 _define("wkv6_block",
         "(Tensor(a!) state, Tensor r, Tensor k, Tensor v, Tensor w, Tensor g, Tensor p, float eps, "

@@ -85,13 +85,10 @@ void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, f
   int64_t m = m0;
   if (N * static_cast<int64_t>(sizeof(T)) <= kShortColumnBytes)
     for (; m + V::width <= m1; m += V::width) linear_short_columns<V>(N, m, x, w, y);
-  const auto one = [&](int64_t c) { linear_columns<V, 1, T>(N, c, 1, x, w, y); };
-  if (sequential) {
-    for (; m < m1; ++m) one(m);
-    return;
-  }
   column_streams<4>(
-      m, m1, [&](int64_t c, int64_t L) { linear_columns<V, 4, T, 2048>(N, c, L, x, w, y); }, one);
+      m, m1, sequential,
+      [&](int64_t c, int64_t L) { linear_columns<V, 4, T, 2048>(N, c, L, x, w, y); },
+      [&](int64_t c) { linear_columns<V, 1, T>(N, c, 1, x, w, y); });
 }
 
 // linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
@@ -103,14 +100,10 @@ void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, cons
   int64_t m = m0;
   if (N * 2 <= kShortColumnBytes)
     for (; m + V::width <= m1; m += V::width) V::bf16_short_columns(N, m, x, w, y);
-  const auto one = [&](int64_t c) { V::template bf16_columns<1>(N, c, 1, x, w, y); };
-  if (sequential) {
-    for (; m < m1; ++m) one(m);
-    return;
-  }
   column_streams<4>(
-      m, m1, [&](int64_t c, int64_t L) { V::template bf16_columns<4, 1024>(N, c, L, x, w, y); },
-      one);
+      m, m1, sequential,
+      [&](int64_t c, int64_t L) { V::template bf16_columns<4, 1024>(N, c, L, x, w, y); },
+      [&](int64_t c) { V::template bf16_columns<1>(N, c, 1, x, w, y); });
 }
 
 // Whether the Vec policy V has bf16 dot products (V::bf16_columns).

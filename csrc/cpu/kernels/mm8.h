@@ -199,40 +199,38 @@ inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t*
   }
 }
 
-// Columns [m0, m1) of mm8_i16 as B streams (streams.h), prefetching kAhead bytes ahead.
-template <class V, int B, int64_t kAhead>
-inline void mm8_i16_streams(int64_t N, int64_t m0, int64_t m1, const int16_t* xq,
-                            const uint8_t* q, float scale, const float* sums, const float* rx,
-                            const float* mx, float* y) {
-  column_streams<B>(
-      m0, m1,
+// mm8_i16's columns [m0, m1) in its read order (streams.h), the streams prefetching kAhead bytes
+// ahead.
+template <class V, int64_t kAhead>
+inline void mm8_i16_ordered(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q,
+                            float scale, const float* sums, const float* rx, const float* mx,
+                            float* y, bool sequential) {
+  column_streams<4>(
+      m0, m1, sequential,
       [&](int64_t m, int64_t L) {
-        mm8_i16_columns<V, B, kAhead>(N, m, L, xq, q, scale, sums, rx, mx, y);
+        mm8_i16_columns<V, 4, kAhead>(N, m, L, xq, q, scale, sums, rx, mx, y);
       },
-      [&](int64_t m) { mm8_i16_columns<V, 1, kAhead>(N, m, 1, xq, q, scale, sums, rx, mx, y); });
+      [&](int64_t m) { mm8_i16_columns<V, 1, 0>(N, m, 1, xq, q, scale, sums, rx, mx, y); });
 }
 
 // Columns [m0, m1) in one of two memory orders (the results are identical: the dots are exact).
 // sequential: one column after another, no software prefetch, so each thread reads one
 // sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
-// 48 vs 21 GB/s). Otherwise 4 streams over the range's quarters (mm8_i16_streams) with a software
+// 48 vs 21 GB/s). Otherwise 4 streams over the range's quarters (streams.h) with a software
 // prefetch 1 KiB ahead, or 3 KiB for columns longer than 2 KiB (the FFN value's row slabs, K =
-// 3584 or 4096): streams.h. On the twenty-first to twenty-fifth sessions' Intel Xeon (the earlier orders:
-// column pairs, 2 KiB ahead, wrapping into the next pair past a column's end; then 4 adjacent
-// columns for the long ones), per-token A/B in one process, 1.5b: v6 `cpu fp32i8` -2.4 to -2.8
-// ms per token of ~54, v7 -2.8 of 50, v4 -2.7 of 60, v6 `cpu bf16i8` -3.5; the avx2 and avx512
-// kernels -3.7 and -3.4; the benchmark's 1 GiB int8 harness 29.7 -> 31.2 GB/s (the fp32 kernel's
-// 31.7). docs/kernels.md has the measurements and the orders tried.
+// 3584 or 4096). On the twenty-fifth session's Intel Xeon, against the earlier orders (column
+// pairs 2 KiB ahead; the long columns 4 adjacent at a time), per-token A/B in one process, 1.5b:
+// v6 `cpu fp32i8` -2.4 ms per token of ~54 for the K = 2048 part and -0.9 more for the long
+// columns, v7 -2.8 of 50, v4 -2.7 of 60, v6 `cpu bf16i8` -3.5; the avx2 and avx512 kernels -3.7
+// and -3.4; the benchmark's 1 GiB int8 harness 29.7 -> 31.2 GB/s (the fp32 kernel's 31.7).
+// docs/kernels.md has the measurements and the orders tried.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
              const float* sums, const float* rx, const float* mx, float* y, bool sequential) {
-  if (sequential) {
-    for (int64_t m = m0; m < m1; ++m)
-      mm8_i16_columns<V, 1, 0>(N, m, 1, xq, q, scale, sums, rx, mx, y);
-  } else if (N <= 2048) {
-    mm8_i16_streams<V, 4, 1024>(N, m0, m1, xq, q, scale, sums, rx, mx, y);
+  if (N <= 2048) {
+    mm8_i16_ordered<V, 1024>(N, m0, m1, xq, q, scale, sums, rx, mx, y, sequential);
   } else {
-    mm8_i16_streams<V, 4, 3072>(N, m0, m1, xq, q, scale, sums, rx, mx, y);
+    mm8_i16_ordered<V, 3072>(N, m0, m1, xq, q, scale, sums, rx, mx, y, sequential);
   }
 }
 
