@@ -61,10 +61,12 @@ def test_graph_equals_op_by_op(paths, v, strategy):
     assert torch.equal(la, lb)
 
 
-def test_graph_never_writes_the_callers_state(paths):
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu bf16"])
+@pytest.mark.parametrize("v", VERSIONS)
+def test_graph_never_writes_the_callers_state(paths, v, strategy):
     if not compiled():
         pytest.skip("rwkv._C is not built")
-    m = RWKV(paths["6"], "cpu fp32", verbose=False)
+    m = RWKV(paths[v], strategy, verbose=False)
     _, s = m.forward([1, 2], None)
     for t in (3, 4, 5):
         before = [x.clone() for x in s]

@@ -75,8 +75,7 @@ struct Wkv4Dims { int64_t T, C; };
 
 inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& aa, const at::Tensor& bb,
-                           const at::Tensor& pp) {
-  const char* op = "wkv4_forward";
+                           const at::Tensor& pp, const char* op = "wkv4_forward") {
   check_same_device(op, {{"k", &k}, {"w", &w}, {"u", &u}, {"v", &v}, {"aa", &aa}, {"bb", &bb},
                          {"pp", &pp}});
   RWKV_CHECK_DTYPE(op, k, at::kFloat);
@@ -88,6 +87,18 @@ inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::T
   RWKV_CHECK_CONTIGUOUS(op, bb);
   RWKV_CHECK_CONTIGUOUS(op, pp);
   return {T, C};
+}
+
+// wkv4_block: wkv4_forward's arguments and the gate r, [T, C] in the activation dtype.
+inline Wkv4Dims check_wkv4_block(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& r, const at::Tensor& aa,
+                                 const at::Tensor& bb, const at::Tensor& pp) {
+  const char* op = "wkv4_block";
+  const Wkv4Dims d = check_wkv4(w, u, k, v, aa, bb, pp, op);
+  check_same_device(op, {{"k", &k}, {"r", &r}});
+  check_activation_dtype(op, "r", r);
+  RWKV_CHECK_SHAPE(op, r, "[T, C]", d.T, d.C);
+  return d;
 }
 
 struct WkvDims { int64_t T, H, N; };

@@ -1,8 +1,8 @@
 // ATen glue for the WKV recurrences on CPU (wkv4_forward, wkv5_forward, wkv6_forward,
-// wkv7_forward, wkv6_block, wkv7_block; and pooled_empty_like, the block ops' new states): the
-// shared input checks (common/op_checks.h), at::parallel_for over independent channels or heads,
-// then the kernel row of the active instruction set (cpu_features.h). The block ops' activations
-// may be fp32 or bf16 (cpu/float_io.h): their kernels compute in fp32.
+// wkv7_forward, wkv4_block, wkv6_block, wkv7_block; and pooled_empty_like, the block ops' new
+// states): the shared input checks (common/op_checks.h), at::parallel_for over independent
+// channels or heads, then the kernel row of the active instruction set (cpu_features.h). The
+// block ops' activations may be fp32 or bf16 (cpu/float_io.h): their kernels compute in fp32.
 // Schemas: rwkv/ops/_schemas.py. Math: csrc/cpu/kernels/wkv*.h and docs/kernels.md.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -46,6 +46,71 @@ at::Tensor wkv4_forward(const at::Tensor& w, const at::Tensor& u, const at::Tens
   return y;
 }
 
+// A block kernel's working memory, n floats: for one token (T == 1) a buffer of this thread's, for
+// sequences a tensor kept in `held` (no tensor per call while decoding).
+float* kernel_scratch(int64_t T, int64_t n, at::Tensor& held) {
+  if (T == 1) {
+    thread_local Scratch buf;  // one block op at a time per thread
+    return buf.get<float>(n);
+  }
+  held = pooled_empty({n}, at::kFloat);
+  return held.data_ptr<float>();
+}
+
+// r * y in r's dtype over channels [c0, c1) of T rows of C: fp32, or bf16 with y rounded to bf16
+// first (each step rounded as the torch ops that this replaces round it). y may be out (fp32).
+void gate_rows(int64_t T, int64_t C, int64_t c0, int64_t c1, const float* y, const at::Tensor& r,
+               const at::Tensor& out) {
+  if (r.scalar_type() == at::kFloat) {
+    const float* rp = r.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = c0; c < c1; ++c) o[t * C + c] = rp[t * C + c] * y[t * C + c];
+    return;
+  }
+  const c10::BFloat16* rp = r.data_ptr<c10::BFloat16>();
+  c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = c0; c < c1; ++c) {
+      const float yr = static_cast<float>(c10::BFloat16(y[t * C + c]));
+      o[t * C + c] = c10::BFloat16(static_cast<float>(rp[t * C + c]) * yr);
+    }
+}
+
+// One RWKV-4 time mix between its projections and the output projection: the recurrence from
+// the old state (read, never written) into a new one, then the gate. One op where the model ran
+// three state clones, wkv4_forward, the gate's multiply and (bf16) a conversion.
+std::vector<at::Tensor> wkv4_block(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& r, const at::Tensor& aa,
+                                   const at::Tensor& bb, const at::Tensor& pp) {
+  const Wkv4Dims d = check_wkv4_block(w, u, k, v, r, aa, bb, pp);
+  const at::Tensor wc = w.contiguous(), uc = u.contiguous(), kc = k.contiguous(),
+                   vc = v.contiguous(), rc = r.contiguous();
+  std::vector<at::Tensor> res;
+  res.reserve(4);
+  res.push_back(pooled_empty({d.T, d.C}, r.scalar_type()));
+  float* st[3];
+  int i = 0;
+  for (const at::Tensor* old : {&aa, &bb, &pp}) {  // contiguous (checked)
+    res.push_back(pooled_empty({d.C}, at::kFloat));
+    st[i] = res.back().data_ptr<float>();
+    std::copy_n(old->data_ptr<float>(), d.C, st[i++]);
+  }
+  const at::Tensor& out = res[0];
+  at::Tensor held;
+  float* y = r.scalar_type() == at::kFloat ? out.data_ptr<float>()
+                                           : kernel_scratch(d.T, d.T * d.C, held);
+  const KernelTable& kt = kernels();
+  constexpr int64_t kBlock = 16;  // as in wkv4_forward
+  const int64_t blocks = (d.C + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, grain_for(d.T * kBlock * 8), [&](int64_t b0, int64_t b1) {
+    const int64_t c0 = b0 * kBlock, c1 = std::min(d.C, b1 * kBlock);
+    kt.wkv4(d.T, d.C, c0, c1, in(wc), in(uc), in(kc), in(vc), st[0], st[1], st[2], y);
+    gate_rows(d.T, d.C, c0, c1, y, rc, out);
+  });
+  return res;
+}
+
 at::Tensor wkv56_forward(const char* op, bool w_per_token, at::Tensor& state,
                          const at::Tensor& r, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& w, const at::Tensor& u) {
@@ -85,17 +150,6 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
             in(ac), in(bc), y.data_ptr<float>());
   });
   return y;
-}
-
-// A block kernel's working memory, n floats: for one token (T == 1) a buffer of this thread's, for
-// sequences a tensor kept in `held` (no tensor per call while decoding).
-float* kernel_scratch(int64_t T, int64_t n, at::Tensor& held) {
-  if (T == 1) {
-    thread_local Scratch buf;  // one block op at a time per thread
-    return buf.get<float>(n);
-  }
-  held = pooled_empty({n}, at::kFloat);
-  return held.data_ptr<float>();
 }
 
 at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
@@ -161,6 +215,7 @@ at::Tensor pooled_empty_like(const at::Tensor& t) {
 
 TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("wkv4_forward", &rwkv::cpu::wkv4_forward);
+  m.impl("wkv4_block", &rwkv::cpu::wkv4_block);
   m.impl("wkv5_forward", &rwkv::cpu::wkv5_forward);
   m.impl("wkv6_forward", &rwkv::cpu::wkv6_forward);
   m.impl("wkv7_forward", &rwkv::cpu::wkv7_forward);

@@ -162,8 +162,7 @@ class Runtime:
             s = state[i * per:(i + 1) * per]
             att, ffn = self.att[i], self.ffn[i]
             if info.version == 4:
-                aa, bb, pp = (t.clone() for t in s[1:4])
-                x, sx = att(x, s[0], aa, bb, pp)
+                x, sx, aa, bb, pp = att(x, s[0], *s[1:4])
                 x, sf = ffn(x, s[4])
                 new_state[i * per:(i + 1) * per] = [own(sx), aa, bb, pp, own(sf)]
             else:  # the time mix makes the new matrix state (the caller's is never written)

@@ -14,7 +14,7 @@ from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
 __all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8", "mm8_one",
-           "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
+           "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv4_block", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
 
@@ -23,6 +23,13 @@ def wkv4(w: Tensor, u: Tensor, k: Tensor, v: Tensor, aa: Tensor, bb: Tensor, pp:
          *, mode: str = "auto") -> Tensor:
     """RWKV-4: k, v [T, C] fp32; w, u [C]; aa, bb, pp [C] updated in place. Returns y [T, C]."""
     return resolve("wkv4_forward", k.device.type, mode)(w, u, k, v, aa, bb, pp)
+
+
+def wkv4_block(w: Tensor, u: Tensor, k: Tensor, v: Tensor, r: Tensor, aa: Tensor, bb: Tensor,
+               pp: Tensor, *, mode: str = "auto") -> list:
+    """One RWKV-4 time mix around wkv4 (docs/kernels.md): the recurrence from aa, bb, pp (never
+    written) and the gate r [T, C] (fp32 or bf16). Returns [r * wkv in r's dtype, new aa, bb, pp]."""
+    return resolve("wkv4_block", k.device.type, mode)(w, u, k, v, r, aa, bb, pp)
 
 
 def wkv5(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor,

@@ -118,9 +118,8 @@ def _check_block_params(op: str, p: torch.Tensor, rows: int, C: int) -> None:
     check_contiguous(op, "p", p)
 
 
-def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
-    """Checks wkv4_forward's arguments; returns (T, C)."""
-    op = "wkv4_forward"
+def validate_wkv4(w, u, k, v, aa, bb, pp, op: str = "wkv4_forward") -> tuple:
+    """Checks wkv4_forward's arguments (those it shares with ``op``); returns (T, C)."""
     check_same_device(op, ("k", "w", "u", "v", "aa", "bb", "pp"), (k, w, u, v, aa, bb, pp))
     check_dtype(op, "k", k, torch.float32)
     check_dim(op, "k", k, "[T, C]", 2)
@@ -129,6 +128,16 @@ def validate_wkv4(w, u, k, v, aa, bb, pp) -> tuple:
     _check_channel_vectors(op, ("w", "u", "aa", "bb", "pp"), (w, u, aa, bb, pp), C)
     for name, t in (("aa", aa), ("bb", bb), ("pp", pp)):
         check_contiguous(op, name, t)
+    return T, C
+
+
+def validate_wkv4_block(w, u, k, v, r, aa, bb, pp) -> tuple:
+    """Checks wkv4_block's arguments; returns (T, C)."""
+    op = "wkv4_block"
+    T, C = validate_wkv4(w, u, k, v, aa, bb, pp, op)
+    check_same_device(op, ("k", "r"), (k, r))
+    check_activation_dtype(op, "r", r)
+    check_shape(op, "r", r, "[T, C]", (T, C))
     return T, C
 
 

@@ -31,6 +31,21 @@ def _wkv4_fake(w, u, k, v, aa, bb, pp):
     return k.new_empty((T, C))
 
 
+# One RWKV-4 layer's time mix between its projections and the output projection
+# (docs/kernels.md): wkv4_forward's recurrence from the old state aa, bb, pp (read, never written)
+# and the receptance gate r (after the sigmoid): [T, C] fp32 or bf16 (the activation dtype).
+# Returns [y, aa', bb', pp']: y = r * wkv [T, C] in r's dtype (wkv rounded to r's dtype first, as
+# the torch ops round it) and the new state as new [C] fp32 tensors.
+_define("wkv4_block",
+        "(Tensor w, Tensor u, Tensor k, Tensor v, Tensor r, Tensor aa, Tensor bb, Tensor pp) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::wkv4_block")
+def _wkv4_block_fake(w, u, k, v, r, aa, bb, pp):
+    T, C = _checks.validate_wkv4_block(w, u, k, v, r, aa, bb, pp)
+    return [r.new_empty((T, C)), *(aa.new_empty((C,)) for _ in range(3))]
+
+
 # state: [H, N, N] fp32 contiguous [head, key i, value j], in place; r, k, v: [T, H*N] fp32;
 # w: [H, N] fp32 decay factor; u: [H, N] fp32 bonus. Returns y: [T, H*N] fp32.
 _define("wkv5_forward",
@@ -303,6 +318,6 @@ _define("_set_cpu_read_order", "(str order) -> str")
 _define("_pooled_kept", "() -> int[]")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
-OPS = ("wkv4_forward", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
+OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

@@ -216,6 +216,16 @@ def wkv4_forward(w, u, k, v, aa, bb, pp):
     return y
 
 
+def wkv4_block(w, u, k, v, r, aa, bb, pp):
+    """One RWKV-4 time mix between its projections and the output projection: the recurrence
+    from aa, bb, pp (not written) and the gate r [T, C] (fp32 or bf16). Returns [r * wkv in r's
+    dtype, new aa, bb, pp]."""
+    _checks.validate_wkv4_block(w, u, k, v, r, aa, bb, pp)
+    aa, bb, pp = aa.clone(), bb.clone(), pp.clone()
+    y = wkv4_forward(w, u, k, v, aa, bb, pp)
+    return [r * y.to(r.dtype), aa, bb, pp]
+
+
 def wkv5_forward(state, r, k, v, w, u):
     """RWKV-5.x recurrence. state [H, N, N] fp32 (key i, value j), in place; r, k, v: [T, H*N]
     fp32; w, u: [H, N] fp32. Returns y [T, H*N] fp32."""
