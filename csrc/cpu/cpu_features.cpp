@@ -77,28 +77,28 @@ struct Tables {
 std::string cpu_isa_op() { return isa_name(active_isa()); }
 
 // ----------------------------------------------------------------------- one-token read order
-constexpr int kPairs = 0, kSequential = 1;
+constexpr int kStreams = 0, kSequential = 1;
 std::atomic<int> g_forced_order{kAutomatic};
 
 bool parse_order(const std::string& s, int* out) {
   if (s == "sequential") *out = kSequential;
-  else if (s == "pairs") *out = kPairs;
+  else if (s == "streams" || s == "pairs") *out = kStreams;  // "pairs": the order's old name
   else return false;
   return true;
 }
 
-const char* order_name(int order) { return order == kSequential ? "sequential" : "pairs"; }
+const char* order_name(int order) { return order == kSequential ? "sequential" : "streams"; }
 
 int automatic_order() {
   static const int order = [] {
-    int chosen = kPairs;
+    int chosen = kStreams;
 #if defined(RWKV_HAVE_X86_ISAS)
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd")) chosen = kSequential;
 #endif
     const char* env = std::getenv("RWKV_CPU_READ_ORDER");
     if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {
-      TORCH_WARN("RWKV_CPU_READ_ORDER must be sequential or pairs, got '", env, "'; ignoring it");
+      TORCH_WARN("RWKV_CPU_READ_ORDER must be sequential or streams, got '", env, "'; ignoring it");
     }
     return chosen;
   }();
@@ -118,7 +118,7 @@ std::string set_cpu_read_order_op(std::string order) {
   std::string previous_name = previous == kAutomatic ? "" : order_name(previous);
   int wanted = kAutomatic;
   TORCH_CHECK(order.empty() || order == "auto" || parse_order(order, &wanted),
-              "_set_cpu_read_order: order must be sequential, pairs or empty, got '", order, "'");
+              "_set_cpu_read_order: order must be sequential, streams or empty, got '", order, "'");
   g_forced_order.store(wanted);
   return previous_name;
 }

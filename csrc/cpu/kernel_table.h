@@ -87,7 +87,7 @@ struct KernelTable {
   // past N; in this row's own layout: pair the two entries of one row), returning the scale
   // (0: use mm8 instead); then on output columns [m0, m1)
   // y[m] = rx[m]*(scale*(xq . q[:, m]) + sums[0]) + sums[1] + mx[m]*sums[2], the dot exact,
-  // reading q column by column (sequential) or in column pairs (see read_sequential()).
+  // reading q column by column (sequential) or as 4 streams (see read_sequential()).
   float (*mm8_quantize_i16)(int64_t N, int64_t n_pad, const float* xs, int16_t* xq);
   void (*mm8_i16)(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q,
                   float scale, const float* sums, const float* rx, const float* mx, float* y,

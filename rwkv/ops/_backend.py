@@ -165,9 +165,10 @@ def set_cpu_isa(isa: str) -> str:
 
 def cpu_read_order() -> str:
     """How one-token products (``mm8_one_i16``, ``linear_one``) read the matrix on CPU:
-    "sequential" (column after column) or "pairs" (several columns at a time: int8 column pairs with
-    software prefetch, dense groups of 4); "none" without compiled CPU kernels. Automatic by CPU
-    vendor; ``RWKV_CPU_READ_ORDER=sequential|pairs`` overrides it."""
+    "sequential" (column after column) or "streams" (4 streams over the quarters of a call's
+    columns, sharing each load of x, with a software prefetch); "none" without compiled CPU kernels.
+    Automatic by CPU vendor; ``RWKV_CPU_READ_ORDER=sequential|streams`` overrides it ("pairs", the
+    old name of streams, is accepted too)."""
     _load()
     if not has_kernel("_cpu_read_order", "CompositeExplicitAutograd"):
         return "none"

@@ -311,7 +311,7 @@ def _linear_one_ffn_fake(x, w, side, act, residual, gate):
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
 _define("_cpu_isa", "() -> str")
 _define("_set_cpu_isa", "(str isa) -> str")
-# The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or pairs).
+# The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or streams).
 _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")
 # Bytes the CPU ops' block pool keeps (csrc/cpu/pooled.cpp): [in blocks up to 1 MiB, larger ones].

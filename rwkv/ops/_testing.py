@@ -8,7 +8,7 @@ from typing import Iterator, List
 from . import _backend
 
 ISAS = ("scalar", "avx2", "avx512", "avx512vnni", "avx512bf16")
-READ_ORDERS = ("sequential", "pairs")
+READ_ORDERS = ("sequential", "streams")
 
 
 @contextlib.contextmanager
@@ -41,7 +41,7 @@ def supported_cpu_isas() -> List[str]:
 
 @contextlib.contextmanager
 def force_cpu_read_order(order: str) -> Iterator[str]:
-    """Runs the block with mm8_one_i16 reading the matrix in ``order`` (sequential, pairs);
+    """Runs the block with mm8_one_i16 reading the matrix in ``order`` (sequential, streams);
     restores the previous choice afterwards. Process-wide, like force_cpu_isa."""
     if order not in READ_ORDERS:
         raise ValueError(f"force_cpu_read_order: order must be one of {', '.join(READ_ORDERS)}, "

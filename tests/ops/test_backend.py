@@ -98,7 +98,7 @@ def _cpu_vendor() -> str:
         return ""
 
 
-@pytest.mark.parametrize("order", ("sequential", "pairs"))
+@pytest.mark.parametrize("order", ("sequential", "streams"))
 def test_force_cpu_read_order_restores_previous(order):
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
@@ -109,12 +109,12 @@ def test_force_cpu_read_order_restores_previous(order):
 
 
 def test_force_cpu_read_order_rejects_bad_names():
-    with pytest.raises(ValueError, match="force_cpu_read_order: order must be one of sequential, pairs"):
+    with pytest.raises(ValueError, match="force_cpu_read_order: order must be one of sequential, streams"):
         with _testing.force_cpu_read_order("rows"):
             pass
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
-    with pytest.raises(RuntimeError, match="_set_cpu_read_order: order must be sequential, pairs"):
+    with pytest.raises(RuntimeError, match="_set_cpu_read_order: order must be sequential, streams"):
         torch.ops.rwkv._set_cpu_read_order("rows")
 
 
@@ -122,14 +122,16 @@ def test_env_sets_the_read_order_and_ignores_invalid_values():
     if not has_compiled("mm8_one_i16", "cpu"):
         pytest.skip("no compiled CPU kernels")
     code = "import rwkv.ops as o; print(o.cpu_read_order())"
-    for order in ("sequential", "pairs"):
+    for order in ("sequential", "streams"):
         assert run_python(code, RWKV_CPU_READ_ORDER=order).stdout.strip() == order
+    # "pairs", the old name of streams, still selects it.
+    assert run_python(code, RWKV_CPU_READ_ORDER="pairs").stdout.strip() == "streams"
     automatic = run_python(code, RWKV_CPU_READ_ORDER="").stdout.strip()
     vendor = _cpu_vendor()
-    assert automatic == ("sequential" if vendor == "AuthenticAMD" else "pairs"), vendor
+    assert automatic == ("sequential" if vendor == "AuthenticAMD" else "streams"), vendor
     out = run_python(code, RWKV_CPU_READ_ORDER="rows")
     assert out.stdout.strip() == automatic
-    assert "RWKV_CPU_READ_ORDER must be sequential or pairs, got 'rows'" in out.stderr
+    assert "RWKV_CPU_READ_ORDER must be sequential or streams, got 'rows'" in out.stderr
 
 
 def test_import_does_not_load_the_extension():

@@ -42,8 +42,8 @@ def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("N,M", [(77, 45), (1000, 9), (15, 3),
-                                 # columns past the 2 KiB prefetch distance (kernels/prefetch.h),
-                                 # M leaving one column after pairs and three after groups of 4
+                                 # columns past the 2 KiB prefetch distance (kernels/streams.h),
+                                 # M leaving three columns after the 4 streams
                                  (2100, 7),
                                  # short columns (at most 1 KiB: kernels/linear.h), a register's
                                  # width of columns at a time, M leaving columns after those:
@@ -52,9 +52,8 @@ def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
                                  (3, 16), (12, 40), (16, 35), (24, 48), (64, 33), (96, 20),
                                  (256, 17), (257, 18), (512, 16), (513, 17)])
 def test_linear_one_isa(cpu_isa, N, M, dtype, rng):
-    # Both read orders (one column at a time, or 4 columns sharing each x load, pairs for bf16 x
-    # bf16 dots; M = 45, 9 and 7 leave a remainder after the groups): the same per-column
-    # summation, so the same bits. Short columns take the same path in both orders.
+    # Both read orders (one column at a time, or 4 streams sharing each x load; M = 45, 9 and 7
+    # leave a remainder after the streams): the same per-column summation, so the same bits. Short columns take the same path in both orders.
     fn = compiled_or_skip(OP)
     x, w = make_inputs(N, M, rng, dtype=dtype)
     out = {}
@@ -63,7 +62,7 @@ def test_linear_one_isa(cpu_isa, N, M, dtype, rng):
             with _testing.force_cpu_read_order(order):
                 check(fn, N, M, rng, dtype=dtype)
                 out[order] = fn(x, w)
-    assert torch.equal(out["sequential"], out["pairs"])
+    assert torch.equal(out["sequential"], out["streams"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

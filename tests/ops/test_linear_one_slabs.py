@@ -99,7 +99,7 @@ def test_isa_and_read_order(cpu_isa, kind, N, S, M, rng):
                 out[order] = fn(x, w3, side, 2)
                 want = separate_sum(x, w3, side)
                 assert torch.equal(out[order], ref.activate(want, 2))
-    assert torch.equal(out["sequential"], out["pairs"])
+    assert torch.equal(out["sequential"], out["streams"])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -212,7 +212,7 @@ def test_mm8_one_i16_isa(cpu_isa, dtype, N, M, rng):
 
 @pytest.mark.parametrize("N,M", [(77, 45), (130, 64), (2048, 33), (4109, 9), (3000, 70)])
 def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
-    """Both orders (one column at a time / column pairs with prefetch) pass the accuracy checks,
+    """Both orders (one column at a time / 4 streams with prefetch) pass the accuracy checks,
     and since the dots are exact integers they give identical bits."""
     fn = compiled_or_skip("mm8_one_i16")
     args = make_inputs(0, N, M, rng, torch.float32)
@@ -223,7 +223,7 @@ def test_mm8_one_i16_read_orders_agree_bit_for_bit(cpu_isa, N, M, rng):
                 assert ops.cpu_read_order() == order
                 check_i16(fn, N, M, rng)
                 out[order] = fn(*args)
-    assert torch.equal(out["sequential"], out["pairs"])
+    assert torch.equal(out["sequential"], out["streams"])
 
 
 @pytest.mark.parametrize("N,M", [(1, 3), (63, 5), (64, 17), (65, 4), (127, 9), (128, 16),
