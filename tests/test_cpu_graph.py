@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,27 @@ def test_graph_never_writes_the_callers_state(paths, v, strategy):
         assert not any(x.data_ptr() == y.data_ptr() for x, y in zip(new, s))
         s = list(new)
     assert m._graph.fn is not None
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_every_form_of_one_token_decodes_alike_and_the_embedding_stays(paths, v):
+    """An int and a list of one int take a path without an ids tensor (the embedding row as a
+    view); a tensor and an array the general one: the same bits as the op-by-op model, and the
+    embedding the rows are views of is never written."""
+    if not compiled():
+        pytest.skip("rwkv._C is not built")
+    graph = RWKV(paths[v], "cpu fp32", verbose=False)
+    plain = RWKV(paths[v], "cpu fp32", verbose=False, cpu_graph=False)
+    emb = graph._rt.emb.clone()
+    _, s = plain.forward([1, 2], None)
+    want_logits, want_state = plain.forward([7], [t.clone() for t in s])
+    for tok in (7, [7], (7,), torch.tensor([7]), np.array([7]), [np.int64(7)]):
+        for _ in range(2):  # the first one-token call traces the graph, the second runs it
+            logits, new = graph.forward(tok, [t.clone() for t in s])
+            assert torch.equal(logits, want_logits)
+            assert all(torch.equal(a, b) for a, b in zip(new, want_state))
+    assert graph._graph.fn is not None
+    assert torch.equal(graph._rt.emb, emb)
 
 
 def test_deepcopy_of_a_model_traces_its_own_graph(paths):

@@ -143,10 +143,11 @@ class CPUGraphDecoder:
         holds the original's weights); they trace their own on their first one-token call."""
         return {**self.__dict__, "fn": None}
 
-    def forward_one(self, ids: torch.Tensor, state: list):
-        """ids: [1] int64, range-checked; state: a validated state list (never written). Returns
-        (logits [V] fp32, new state list), those of ``Runtime.forward``."""
-        x = self.rt.emb[ids]
+    def forward_one(self, token: int, state: list):
+        """token: a range-checked id; state: a validated state list (never written). Returns
+        (logits [V] fp32, new state list), those of ``Runtime.forward``. x is the embedding's row
+        as a view (no op writes its input x)."""
+        x = self.rt.emb.narrow(0, token, 1)
         if self.fn is None and self.failed is None:
             return self._trace(x, state)
         if self.fn is None:

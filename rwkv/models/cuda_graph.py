@@ -93,14 +93,14 @@ class CudaGraphDecoder:
     def captured(self) -> bool:
         return self.graph is not None
 
-    def forward_one(self, ids: torch.Tensor, state: list):
-        """ids: [1] int64 on CPU, already range-checked; state: a validated state list (not written).
+    def forward_one(self, token: int, state: list):
+        """token: an id, already range-checked; state: a validated state list (not written).
         Returns (logits [V] fp32, new state list of new tensors), like ``Runtime.forward``."""
         if self.graph is None:
             self._capture(state)
         with torch.cuda.device(self.device):
             # The same CPU-to-device copy (and dtype conversion) as the plain path's x.to(dtype, device).
-            self._x.copy_(self.rt.emb[ids])
+            self._x.copy_(self.rt.emb.narrow(0, token, 1))
             _copy_all(self._state_in, list(state))
             self.graph.replay()
             logits = self._logits.clone()
