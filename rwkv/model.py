@@ -241,20 +241,19 @@ class RWKV(torch.nn.Module):
         cases the caller's tensors are never written, so a shallow copy of a state is a snapshot.
         """
         with torch.no_grad():
-            one = self._single_id(tokens)
-            ids = self._token_ids(tokens) if one is None else None
+            one = self._single_id(tokens)  # an int or a list of one int: no ids tensor
+            ids = None if one is not None else self._token_ids(tokens)
             if state is None:
                 state_in = self._rt.zero_state()
             else:
                 self._rt.validate_state(state)
                 state_in = state
-            if self._graph is not None and (one is not None or ids.numel() == 1):
+            if self._graph is not None and (ids is None or ids.numel() == 1):
                 # one token: same result, logits [V]
-                logits, new_state = self._graph.forward_one(one if one is not None else int(ids[0]),
-                                                            state_in)
+                token = one if ids is None else int(ids[0])
+                logits, new_state = self._graph.forward_one(token, state_in)
             else:
-                if ids is None:
-                    ids = torch.tensor([one], dtype=torch.long)
+                ids = torch.tensor([one], dtype=torch.long) if ids is None else ids
                 logits, new_state = self._rt.forward(ids, state_in, bool(full_output))
             if state is None or self.version == 7 or not isinstance(state, list):
                 return logits, new_state
