@@ -52,6 +52,58 @@ def test_ties_with_the_cutoff_are_kept():
     assert _kept_set_numpy(logits, 1.0, 0.1, 0) == {1, 4}
 
 
+def _full_sort_truncation(probs, temperature, top_p):
+    """Upstream's CPU rule with the whole vocabulary sorted (the top_k path's steps)."""
+    order = np.argsort(probs)
+    descending = probs[order][::-1]
+    return sampling._cut(probs, order, descending, np.cumsum(descending), temperature, top_p, 0)
+
+
+def _vocab_cases():
+    rs = np.random.RandomState(7)
+    for n in (65536, 50277, 300):
+        yield n, "peaked", rs.randn(n) * 3
+        yield n, "flat", rs.randn(n) * 0.01
+        yield n, "ties", np.round(rs.randn(n) * 2) * 2  # few distinct values, many ties
+        masked = rs.randn(n) * 2
+        masked[rs.rand(n) < 0.5] = -np.inf
+        yield n, "masked", masked
+        one_hot = np.full(n, -np.inf)
+        one_hot[n // 3] = 0.0
+        yield n, "one-hot", one_hot
+
+
+@pytest.mark.parametrize("n,kind,logits", list(_vocab_cases()), ids=lambda v: str(v)[:12])
+def test_nucleus_cutoff_without_full_sort_equals_the_full_sort(n, kind, logits):
+    # With top_k off the cutoff is found among the largest few probabilities (np.partition), not
+    # by sorting the vocabulary: the truncated probabilities must be the full sort's, bit for bit,
+    # and the same numpy seed must draw the same token.
+    probs = torch.softmax(torch.tensor(logits, dtype=torch.float32), -1).numpy()
+    for top_p in (0.0, 0.3, 0.7, 0.95, 0.999999, 1.0):
+        for temperature in (1.0, 0.7):
+            want = _full_sort_truncation(probs.copy(), temperature, top_p)
+            got = sampling._truncate_numpy(probs.copy(), temperature, top_p, 0)
+            assert np.array_equal(got, want), (kind, top_p, temperature)
+            token = sample_logits(torch.tensor(logits, dtype=torch.float32), temperature, top_p,
+                                  generator=123)
+            rs = np.random.RandomState(123)
+            total = np.sum(want)
+            assert token == int(rs.choice(len(want), p=want / total))
+
+
+def test_nucleus_cutoff_is_found_among_the_largest_entries():
+    # The partial search answers for a peaked distribution (else the test above would only have
+    # compared the full sort with itself) and leaves the rest to the full sort.
+    probs = torch.softmax(torch.tensor(np.random.RandomState(3).randn(65536) * 3,
+                                       dtype=torch.float32), -1).numpy()
+    descending = np.sort(probs)[::-1]
+    want = float(descending[int(np.argmax(np.cumsum(descending) >= 0.7))])
+    assert sampling._nucleus_cutoff(probs, 0.7) == want
+    assert sampling._nucleus_cutoff(probs, 1.0) is None  # float32 sums end below 1: full sort
+    flat = np.full(65536, 1 / 65536, dtype=np.float32)
+    assert sampling._nucleus_cutoff(flat, 0.5) is None  # needs more than an eighth of them
+
+
 def test_temperature_applies_to_truncated_probabilities():
     logits = torch.log(torch.tensor([0.6, 0.4]))
     rs = np.random.RandomState(0)
