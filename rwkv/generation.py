@@ -23,6 +23,8 @@ caller never sees it, so results are identical). The prompt may be a string or a
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+import torch
+
 from .prefix_cache import CacheHit, PrefixCache, clone_state
 from .sampling import resolve_generator
 
@@ -41,6 +43,15 @@ class GenerationResult:
     prompt_tokens: int = 0       # tokens in the prompt
     cached_tokens: int = 0       # prompt tokens restored from the prefix cache instead of computed
     forward_tokens: int = 0      # tokens this call fed through model.forward
+
+
+def _penalties(occurrence, args, logits):
+    """Upstream's ``logits[n] -= alpha_presence + occurrence[n] * alpha_frequency`` for every n at
+    once, for fp32 or fp64 logits (the model's): each Python float rounded to the logits' dtype, as
+    that scalar subtraction rounds it, so each logit gets the same value; one indexed update instead
+    of ~3 tensor ops per distinct token seen (~0.4 ms a token after a few hundred tokens)."""
+    values = [args.alpha_presence + occurrence[n] * args.alpha_frequency for n in occurrence]
+    return torch.tensor(values, dtype=logits.dtype, device=logits.device)
 
 
 class _StopMatcher:
@@ -168,8 +179,11 @@ class GenerationStream:
             logits = out.clone()
             for n in args.token_ban:
                 logits[n] = -float("inf")
-            for n in occurrence:
-                logits[n] -= args.alpha_presence + occurrence[n] * args.alpha_frequency
+            if occurrence and logits.dtype in (torch.float32, torch.float64):
+                logits[list(occurrence)] -= _penalties(occurrence, args, logits)
+            else:
+                for n in occurrence:
+                    logits[n] -= args.alpha_presence + occurrence[n] * args.alpha_frequency
             token = pipe.sample_logits(logits, temperature=args.temperature, top_p=args.top_p,
                                        top_k=args.top_k, generator=generator)
             if token in args.token_stop:

@@ -183,3 +183,28 @@ def test_cache_is_bypassed_when_the_caller_passes_a_state(world):
     assert res.cached_tokens == 0 and len(cache) == 0
     with pytest.raises(TypeError, match="PrefixCache"):
         pipe.generate_stream("abc", 5, cache={}).run()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_penalties_in_one_update_equal_upstreams_per_token_subtraction(dtype):
+    # generate subtracts every seen token's penalty from fp32/fp64 logits with one indexed update;
+    # upstream subtracts a Python float from each logit in turn. Decayed counts make penalties
+    # that are not exact in fp32: each logit must still come out the same, bit for bit.
+    from rwkv.generation import _penalties
+    rs = np.random.RandomState(0)
+    args = PIPELINE_ARGS(alpha_frequency=0.21, alpha_presence=0.37, alpha_decay=0.996)
+    logits = torch.tensor(rs.randn(5000) * 7, dtype=dtype)
+    occurrence = {}
+    for step in range(300):
+        for n in occurrence:
+            occurrence[n] *= args.alpha_decay
+        token = int(rs.randint(5000))
+        occurrence[token] = occurrence.get(token, 0) + 1
+    want = logits.clone()
+    for n in occurrence:
+        want[n] -= args.alpha_presence + occurrence[n] * args.alpha_frequency
+    got = logits.clone()
+    got[list(occurrence)] -= _penalties(occurrence, args, got)
+    assert got.dtype == dtype
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(got, logits)

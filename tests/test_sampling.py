@@ -98,10 +98,11 @@ def test_nucleus_cutoff_is_found_among_the_largest_entries():
                                        dtype=torch.float32), -1).numpy()
     descending = np.sort(probs)[::-1]
     want = float(descending[int(np.argmax(np.cumsum(descending) >= 0.7))])
-    assert sampling._nucleus_cutoff(probs, 0.7) == want
-    assert sampling._nucleus_cutoff(probs, 1.0) is None  # float32 sums end below 1: full sort
+    assert sampling._cutoff_among_largest(probs, 0.7) == want
+    assert sampling._cutoff_among_largest(probs, 1.0) is None  # float32 sums end below 1
+    assert sampling._nucleus_cutoff(probs, 1.0) == float(descending[0])  # then greedy, as upstream
     flat = np.full(65536, 1 / 65536, dtype=np.float32)
-    assert sampling._nucleus_cutoff(flat, 0.5) is None  # needs more than an eighth of them
+    assert sampling._cutoff_among_largest(flat, 0.5) is None  # more than an eighth of them
 
 
 def test_temperature_applies_to_truncated_probabilities():
@@ -179,3 +180,22 @@ def test_resolve_generator():
         resolve_generator(True, "cpu")
     with pytest.raises(TypeError, match="torch.Tensor"):
         sample_logits([1.0, 2.0])
+
+
+def test_legacy_choice_on_the_kept_entries_equals_numpy_choice():
+    # sample_logits draws as RandomState.choice(len(p), p=p) does, from the nonzero entries only
+    # (or all of them for a wide nucleus): the same token and the same use of the RNG (the next
+    # draw after it is the same), over sparse, dense, one-entry and tiny vocabularies.
+    r = np.random.RandomState(1)
+    for trial in range(600):
+        n = int(r.choice([1, 5, 300, 65536]))
+        p = r.rand(n).astype(np.float32) ** int(r.choice([1, 8, 40]))
+        p[r.rand(n) < r.rand()] = 0
+        if not p.any():
+            p[r.randint(n)] = 1
+        p = p / np.sum(p)
+        seed = int(r.randint(1 << 31))
+        theirs, ours = np.random.RandomState(seed), np.random.RandomState(seed)
+        want = int(theirs.choice(a=len(p), p=p))
+        assert sampling._legacy_choice(p, ours.random_sample) == want, trial
+        assert ours.random_sample() == theirs.random_sample()
