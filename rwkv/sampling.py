@@ -110,7 +110,10 @@ def _cutoff_among_largest(probs, top_p, first=64):
     largest = float(probs.max())
     if not largest > 0:  # NaN or nothing: the full sort's rule
         return None
-    k = max(first, int(top_p / largest))  # each entry is at most the largest: at least this many
+    need = top_p / largest  # each entry is at most the largest: at least this many entries
+    if not need < n:  # NaN, inf, or more than there are: the full sort's rule (greedy)
+        return None
+    k = max(first, int(need))
     while k * 8 <= n:
         descending = np.sort(np.partition(probs, n - k)[n - k:])[::-1]
         cumulative = np.cumsum(descending)

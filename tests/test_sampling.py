@@ -79,7 +79,7 @@ def test_nucleus_cutoff_without_full_sort_equals_the_full_sort(n, kind, logits):
     # by sorting the vocabulary: the truncated probabilities must be the full sort's, bit for bit,
     # and the same numpy seed must draw the same token.
     probs = torch.softmax(torch.tensor(logits, dtype=torch.float32), -1).numpy()
-    for top_p in (0.0, 0.3, 0.7, 0.95, 0.999999, 1.0):
+    for top_p in (0.0, 0.3, 0.7, 0.95, 0.999999, 1.0, -0.5, 1.5, float("inf"), float("nan")):
         for temperature in (1.0, 0.7):
             want = _full_sort_truncation(probs.copy(), temperature, top_p)
             got = sampling._truncate_numpy(probs.copy(), temperature, top_p, 0)
