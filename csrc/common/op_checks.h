@@ -73,15 +73,17 @@ inline void check_cuda_head_size(const char* op, int64_t N, int64_t max_n) {
 
 struct Wkv4Dims { int64_t T, C; };
 
+// kv: k's and v's dtype (float32; wkv4_block also takes its activation dtype, checked there).
 inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& aa, const at::Tensor& bb,
-                           const at::Tensor& pp, const char* op = "wkv4_forward") {
+                           const at::Tensor& pp, const char* op = "wkv4_forward",
+                           at::ScalarType kv = at::kFloat) {
   check_same_device(op, {{"k", &k}, {"w", &w}, {"u", &u}, {"v", &v}, {"aa", &aa}, {"bb", &bb},
                          {"pp", &pp}});
-  RWKV_CHECK_DTYPE(op, k, at::kFloat);
+  RWKV_CHECK_DTYPE(op, k, kv);
   RWKV_CHECK_DIM(op, k, "[T, C]", 2);
   const int64_t T = k.size(0), C = k.size(1);
-  check_rows(op, "[T, C]", {{"v", &v}}, T, C);
+  check_rows(op, "[T, C]", {{"v", &v}}, T, C, kv, " (as k)");
   check_channel_vectors(op, {{"w", &w}, {"u", &u}, {"aa", &aa}, {"bb", &bb}, {"pp", &pp}}, C);
   RWKV_CHECK_CONTIGUOUS(op, aa);
   RWKV_CHECK_CONTIGUOUS(op, bb);
@@ -89,14 +91,18 @@ inline Wkv4Dims check_wkv4(const at::Tensor& w, const at::Tensor& u, const at::T
   return {T, C};
 }
 
-// wkv4_block: wkv4_forward's arguments and the gate r, [T, C] in the activation dtype.
+// wkv4_block: wkv4_forward's arguments and the gate r, [T, C] in the activation dtype; k and v
+// float32 or, both, in r's dtype (the products' own results, widened exactly by the op).
 inline Wkv4Dims check_wkv4_block(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& r, const at::Tensor& aa,
                                  const at::Tensor& bb, const at::Tensor& pp) {
   const char* op = "wkv4_block";
-  const Wkv4Dims d = check_wkv4(w, u, k, v, aa, bb, pp, op);
   check_same_device(op, {{"k", &k}, {"r", &r}});
   check_activation_dtype(op, "r", r);
+  const at::ScalarType kv = k.scalar_type();
+  TORCH_CHECK(kv == at::kFloat || kv == r.scalar_type(), op, ": k must be float32 or r's dtype (",
+              dtype_name(r.scalar_type()), "), got ", dtype_name(kv));
+  const Wkv4Dims d = check_wkv4(w, u, k, v, aa, bb, pp, op, kv);
   RWKV_CHECK_SHAPE(op, r, "[T, C]", d.T, d.C);
   return d;
 }

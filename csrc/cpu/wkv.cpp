@@ -79,13 +79,15 @@ void gate_rows(int64_t T, int64_t C, int64_t c0, int64_t c1, const float* y, con
 
 // One RWKV-4 time mix between its projections and the output projection: the recurrence from
 // the old state (read, never written) into a new one, then the gate. One op where the model ran
-// three state clones, wkv4_forward, the gate's multiply and (bf16) a conversion.
+// three state clones, wkv4_forward, the gate's multiply and (bf16) three conversions: k and v may
+// come in the activation dtype, as the products return them.
 std::vector<at::Tensor> wkv4_block(const at::Tensor& w, const at::Tensor& u, const at::Tensor& k,
                                    const at::Tensor& v, const at::Tensor& r, const at::Tensor& aa,
                                    const at::Tensor& bb, const at::Tensor& pp) {
   const Wkv4Dims d = check_wkv4_block(w, u, k, v, r, aa, bb, pp);
-  const at::Tensor wc = w.contiguous(), uc = u.contiguous(), kc = k.contiguous(),
-                   vc = v.contiguous(), rc = r.contiguous();
+  const at::Tensor wc = w.contiguous(), uc = u.contiguous(), rc = r.contiguous();
+  Fp32Inputs in32(d.T, 2 * d.T * d.C);  // k and v in fp32 (bf16 ones widened, exactly)
+  const float *kp = in32(k), *vp = in32(v);
   std::vector<at::Tensor> res;
   res.reserve(4);
   res.push_back(pooled_empty({d.T, d.C}, r.scalar_type()));
@@ -105,7 +107,7 @@ std::vector<at::Tensor> wkv4_block(const at::Tensor& w, const at::Tensor& u, con
   const int64_t blocks = (d.C + kBlock - 1) / kBlock;
   at::parallel_for(0, blocks, grain_for(d.T * kBlock * 8), [&](int64_t b0, int64_t b1) {
     const int64_t c0 = b0 * kBlock, c1 = std::min(d.C, b1 * kBlock);
-    kt.wkv4(d.T, d.C, c0, c1, in(wc), in(uc), in(kc), in(vc), st[0], st[1], st[2], y);
+    kt.wkv4(d.T, d.C, c0, c1, in(wc), in(uc), kp, vp, st[0], st[1], st[2], y);
     gate_rows(d.T, d.C, c0, c1, y, rc, out);
   });
   return res;

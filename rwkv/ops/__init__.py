@@ -28,7 +28,8 @@ def wkv4(w: Tensor, u: Tensor, k: Tensor, v: Tensor, aa: Tensor, bb: Tensor, pp:
 def wkv4_block(w: Tensor, u: Tensor, k: Tensor, v: Tensor, r: Tensor, aa: Tensor, bb: Tensor,
                pp: Tensor, *, mode: str = "auto") -> list:
     """One RWKV-4 time mix around wkv4 (docs/kernels.md): the recurrence from aa, bb, pp (never
-    written) and the gate r [T, C] (fp32 or bf16). Returns [r * wkv in r's dtype, new aa, bb, pp]."""
+    written) and the gate r [T, C] (fp32 or bf16); k, v [T, C] fp32 or in r's dtype. Returns
+    [r * wkv in r's dtype, new aa, bb, pp]."""
     return resolve("wkv4_block", k.device.type, mode)(w, u, k, v, r, aa, bb, pp)
 
 

@@ -118,13 +118,15 @@ def _check_block_params(op: str, p: torch.Tensor, rows: int, C: int) -> None:
     check_contiguous(op, "p", p)
 
 
-def validate_wkv4(w, u, k, v, aa, bb, pp, op: str = "wkv4_forward") -> tuple:
-    """Checks wkv4_forward's arguments (those it shares with ``op``); returns (T, C)."""
+def validate_wkv4(w, u, k, v, aa, bb, pp, op: str = "wkv4_forward",
+                  kv: torch.dtype = torch.float32) -> tuple:
+    """Checks wkv4_forward's arguments (those it shares with ``op``; k and v of dtype kv);
+    returns (T, C)."""
     check_same_device(op, ("k", "w", "u", "v", "aa", "bb", "pp"), (k, w, u, v, aa, bb, pp))
-    check_dtype(op, "k", k, torch.float32)
+    check_dtype(op, "k", k, kv)
     check_dim(op, "k", k, "[T, C]", 2)
     T, C = int(k.shape[0]), int(k.shape[1])
-    _check_rows(op, ("v",), (v,), T, C, "[T, C]")
+    _check_rows(op, ("v",), (v,), T, C, "[T, C]", kv, " (as k)")
     _check_channel_vectors(op, ("w", "u", "aa", "bb", "pp"), (w, u, aa, bb, pp), C)
     for name, t in (("aa", aa), ("bb", bb), ("pp", pp)):
         check_contiguous(op, name, t)
@@ -134,9 +136,12 @@ def validate_wkv4(w, u, k, v, aa, bb, pp, op: str = "wkv4_forward") -> tuple:
 def validate_wkv4_block(w, u, k, v, r, aa, bb, pp) -> tuple:
     """Checks wkv4_block's arguments; returns (T, C)."""
     op = "wkv4_block"
-    T, C = validate_wkv4(w, u, k, v, aa, bb, pp, op)
     check_same_device(op, ("k", "r"), (k, r))
     check_activation_dtype(op, "r", r)
+    torch._check(k.dtype in (torch.float32, r.dtype),
+                 lambda: f"{op}: k must be float32 or r's dtype ({dtype_name(r.dtype)}), got "
+                         f"{dtype_name(k.dtype)}")
+    T, C = validate_wkv4(w, u, k, v, aa, bb, pp, op, k.dtype)
     check_shape(op, "r", r, "[T, C]", (T, C))
     return T, C
 

@@ -218,11 +218,11 @@ def wkv4_forward(w, u, k, v, aa, bb, pp):
 
 def wkv4_block(w, u, k, v, r, aa, bb, pp):
     """One RWKV-4 time mix between its projections and the output projection: the recurrence
-    from aa, bb, pp (not written) and the gate r [T, C] (fp32 or bf16). Returns [r * wkv in r's
-    dtype, new aa, bb, pp]."""
+    from aa, bb, pp (not written) and the gate r [T, C] (fp32 or bf16); k, v fp32 or in r's dtype
+    (widened). Returns [r * wkv in r's dtype, new aa, bb, pp]."""
     _checks.validate_wkv4_block(w, u, k, v, r, aa, bb, pp)
     aa, bb, pp = aa.clone(), bb.clone(), pp.clone()
-    y = wkv4_forward(w, u, k, v, aa, bb, pp)
+    y = wkv4_forward(w, u, k.float(), v.float(), aa, bb, pp)
     return [r * y.to(r.dtype), aa, bb, pp]
 
 
