@@ -89,7 +89,7 @@ def main():
         sys.exit(f"upstream package not found at {UPSTREAM}: run `make upstream` first")
 
     import torch
-    from rwkv.generation import _penalties
+    from rwkv.generation import apply_penalties
     from rwkv.utils import PIPELINE, PIPELINE_ARGS
 
     torch.set_num_threads(2)
@@ -113,11 +113,9 @@ def main():
     pipe = PIPELINE(None, "rwkv_vocab_v20230424")
     pargs = PIPELINE_ARGS(temperature=1.0, top_p=0.7, alpha_frequency=0.25, alpha_presence=0.25)
 
-    def penalise(out, occ):  # our generate's step
-        out[list(occ)] -= _penalties(occ, pargs, out)
-
-    ours = namespace["run"](lambda l: pipe.sample_logits(l, temperature=1.0, top_p=0.7), penalise,
-                            cases, occurrence, args.calls)
+    ours = namespace["run"](lambda l: pipe.sample_logits(l, temperature=1.0, top_p=0.7),
+                            lambda out, occ: apply_penalties(out, occ, pargs), cases, occurrence,
+                            args.calls)
     print(f"sampling, 65536-entry logits, top_p 0.7, torch {torch.__version__}, "
           f"numpy {np.__version__}, median of {args.calls} calls")
     print(f"{'case':<12}{'ours us':>10}{'upstream us':>13}{'x':>7}  same tokens")

@@ -45,13 +45,20 @@ class GenerationResult:
     forward_tokens: int = 0      # tokens this call fed through model.forward
 
 
-def _penalties(occurrence, args, logits):
-    """Upstream's ``logits[n] -= alpha_presence + occurrence[n] * alpha_frequency`` for every n at
-    once, for fp32 or fp64 logits (the model's): each Python float rounded to the logits' dtype, as
-    that scalar subtraction rounds it, so each logit gets the same value; one indexed update instead
-    of ~3 tensor ops per distinct token seen (~0.4 ms a token after a few hundred tokens)."""
+def apply_penalties(logits, occurrence, args):
+    """Upstream's ``logits[n] -= alpha_presence + occurrence[n] * alpha_frequency`` for every token
+    n seen, in place. For fp32 or fp64 logits (the model's) one indexed update, each Python float
+    rounded to the logits' dtype as that scalar subtraction rounds it, so each logit gets the same
+    value: ~3 tensor ops fewer per distinct token seen (~0.4 ms a token after a few hundred
+    tokens). Other dtypes: upstream's loop."""
+    if not occurrence:
+        return
     values = [args.alpha_presence + occurrence[n] * args.alpha_frequency for n in occurrence]
-    return torch.tensor(values, dtype=logits.dtype, device=logits.device)
+    if logits.dtype in (torch.float32, torch.float64):
+        logits[list(occurrence)] -= torch.tensor(values, dtype=logits.dtype, device=logits.device)
+    else:
+        for n, value in zip(occurrence, values):
+            logits[n] -= value
 
 
 class _StopMatcher:
@@ -179,11 +186,7 @@ class GenerationStream:
             logits = out.clone()
             for n in args.token_ban:
                 logits[n] = -float("inf")
-            if occurrence and logits.dtype in (torch.float32, torch.float64):
-                logits[list(occurrence)] -= _penalties(occurrence, args, logits)
-            else:
-                for n in occurrence:
-                    logits[n] -= args.alpha_presence + occurrence[n] * args.alpha_frequency
+            apply_penalties(logits, occurrence, args)
             token = pipe.sample_logits(logits, temperature=args.temperature, top_p=args.top_p,
                                        top_k=args.top_k, generator=generator)
             if token in args.token_stop:

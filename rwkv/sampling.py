@@ -96,8 +96,13 @@ def _nucleus_cutoff(probs, top_p):
     cutoff = _cutoff_among_largest(probs, top_p)
     if cutoff is None:
         descending = np.sort(probs)[::-1]
-        cutoff = float(descending[int(np.argmax(np.cumsum(descending) >= top_p))])
+        cutoff = _cutoff(descending, np.cumsum(descending), top_p)
     return cutoff
+
+
+def _cutoff(descending, cumulative, top_p):
+    """The first entry whose cumulative sum reaches top_p; none does -> index 0 -> greedy."""
+    return float(descending[int(np.argmax(cumulative >= top_p))])
 
 
 def _cutoff_among_largest(probs, top_p, first=64):
@@ -137,8 +142,7 @@ def _truncate_torch(probs, temperature, top_p, top_k):
 
 
 def _cut(probs, order, descending, cumulative, temperature, top_p, top_k):
-    # The first entry whose cumulative sum reaches top_p; none does -> index 0 -> greedy.
-    probs[probs < float(descending[int(np.argmax(cumulative >= top_p))])] = 0
+    probs[probs < _cutoff(descending, cumulative, top_p)] = 0
     if 0 < top_k < len(probs):
         probs[order[:-top_k]] = 0
     return _with_temperature(probs, temperature)
@@ -175,14 +179,12 @@ def _legacy_choice(probs, random_sample):
     the draw is always at a nonzero entry, so the token and the RNG's draws are the same. After
     the nucleus cut most of a 65536-entry vocabulary is zero; choice's sums and checks over all of
     it cost ~0.4 ms a token."""
-    if np.count_nonzero(probs) * 4 > len(probs):  # a wide nucleus: all of it, as choice does
-        cdf = np.cumsum(probs, dtype=np.float64)
-        cdf /= cdf[-1]
-        return int(np.searchsorted(cdf, random_sample(), side="right"))
-    kept = np.flatnonzero(probs)
-    cdf = np.cumsum(probs[kept], dtype=np.float64)
+    # A wide nucleus: all of it, as choice does (gathering the kept entries would cost more).
+    kept = None if np.count_nonzero(probs) * 4 > len(probs) else np.flatnonzero(probs)
+    cdf = np.cumsum(probs if kept is None else probs[kept], dtype=np.float64)
     cdf /= cdf[-1]
-    return int(kept[np.searchsorted(cdf, random_sample(), side="right")])
+    i = int(np.searchsorted(cdf, random_sample(), side="right"))
+    return i if kept is None else int(kept[i])
 
 
 def _sample_torch(probs, temperature, top_p, top_k, generator):

@@ -190,7 +190,7 @@ def test_penalties_in_one_update_equal_upstreams_per_token_subtraction(dtype):
     # generate subtracts every seen token's penalty from fp32/fp64 logits with one indexed update;
     # upstream subtracts a Python float from each logit in turn. Decayed counts make penalties
     # that are not exact in fp32: each logit must still come out the same, bit for bit.
-    from rwkv.generation import _penalties
+    from rwkv.generation import apply_penalties
     rs = np.random.RandomState(0)
     args = PIPELINE_ARGS(alpha_frequency=0.21, alpha_presence=0.37, alpha_decay=0.996)
     logits = torch.tensor(rs.randn(5000) * 7, dtype=dtype)
@@ -204,7 +204,7 @@ def test_penalties_in_one_update_equal_upstreams_per_token_subtraction(dtype):
     for n in occurrence:
         want[n] -= args.alpha_presence + occurrence[n] * args.alpha_frequency
     got = logits.clone()
-    got[list(occurrence)] -= _penalties(occurrence, args, got)
+    apply_penalties(got, occurrence, args)
     assert got.dtype == dtype
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert not torch.equal(got, logits)

@@ -34,8 +34,9 @@ def _wkv4_fake(w, u, k, v, aa, bb, pp):
 # One RWKV-4 layer's time mix between its projections and the output projection
 # (docs/kernels.md): wkv4_forward's recurrence from the old state aa, bb, pp (read, never written)
 # and the receptance gate r (after the sigmoid): [T, C] fp32 or bf16 (the activation dtype); k
-# and v [T, C] fp32 or, both, in r's dtype (widened exactly). Returns [y, aa', bb', pp']: y = r * wkv [T, C] in r's dtype (wkv rounded to r's dtype first, as
-# the torch ops round it) and the new state as new [C] fp32 tensors.
+# and v [T, C] fp32 or, both, in r's dtype (widened exactly). Returns [y, aa', bb', pp']:
+# y = r * wkv [T, C] in r's dtype (wkv rounded to r's dtype first, as the torch ops round it) and
+# the new state as new [C] fp32 tensors.
 _define("wkv4_block",
         "(Tensor w, Tensor u, Tensor k, Tensor v, Tensor r, Tensor aa, Tensor bb, Tensor pp) -> Tensor[]")
 
