@@ -1,7 +1,9 @@
-// CPU instruction-set choice and the one-token kernels' read order (see cpu_features.h) and their test-hook ops
-// rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_read_order and rwkv::_set_cpu_read_order
-// (schemas in rwkv/ops/_schemas.py). Compiled for the baseline ISA.
+// CPU instruction-set choice and the one-token kernels' read order (see cpu_features.h) and their
+// test-hook ops rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_read_order,
+// rwkv::_set_cpu_read_order and rwkv::_bf16_round (schemas in rwkv/ops/_schemas.py). Compiled for
+// the baseline ISA.
 #include "cpu/cpu_features.h"
+#include "cpu/pooled.h"
 
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -142,6 +144,18 @@ std::string set_cpu_isa_op(std::string isa) {
   return previous_name;
 }
 
+// Test hook: x (fp32, contiguous, CPU) rounded to bf16 by the active ISA's bf16_round kernel,
+// whatever its length (the ops use it for one-token results only).
+at::Tensor bf16_round_op(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "_bf16_round: x must be a contiguous float32 CPU tensor, got ", x.scalar_type(),
+              " on ", x.device());
+  at::Tensor out = pooled_empty(x.sizes(), at::kBFloat16);
+  kernels().bf16_round(x.numel(), x.data_ptr<float>(),
+                       reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+  return out;
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -181,3 +195,5 @@ TORCH_LIBRARY_IMPL(rwkv, CompositeExplicitAutograd, m) {
   m.impl("_cpu_read_order", &rwkv::cpu::cpu_read_order_op);
   m.impl("_set_cpu_read_order", &rwkv::cpu::set_cpu_read_order_op);
 }
+
+TORCH_LIBRARY_IMPL(rwkv, CPU, m) { m.impl("_bf16_round", &rwkv::cpu::bf16_round_op); }

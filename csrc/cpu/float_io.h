@@ -2,7 +2,8 @@
 // compute in fp32: widened() gives a bf16 tensor's values as a new contiguous fp32 tensor (exact),
 // narrowed() an fp32 result in the op's output dtype (bf16: rounded to nearest even, as torch's
 // .to() does). While decoding these are a few thousand values, where an ATen conversion's
-// dispatch and TensorIterator set-up would cost more than the copy: a plain loop. Long inputs
+// dispatch and TensorIterator set-up would cost more than the copy: a plain loop (bf16 results:
+// the active ISA's bf16_round kernel, kernels/convert.h). Long inputs
 // (prefill: millions of values) use ATen's conversion, vectorized and threaded (the same values).
 // Fp32Inputs and Fp32Result spare a token's bf16 inputs and results their fp32 tensors.
 #pragma once
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/cpu_features.h"
 #include "cpu/pooled.h"
 #include "cpu/scratch.h"
 
@@ -25,7 +27,8 @@ namespace cpu {
 constexpr int64_t kAtenConvertFrom = 1 << 15;
 
 // The fp32 values y (contiguous, of shape `sizes`) as a new tensor of dtype dt (not fp32): bf16
-// rounded to nearest even by a plain loop when short, else (or for other dtypes) ATen's .to().
+// rounded to nearest even by the bf16_round kernel when short, else (or for other dtypes) ATen's
+// .to().
 inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt) {
   at::Tensor out = pooled_empty(sizes, dt);
   const int64_t n = out.numel();
@@ -33,8 +36,7 @@ inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::Sca
     out.copy_(at::from_blob(const_cast<float*>(y), sizes, at::kFloat));
     return out;
   }
-  c10::BFloat16* d = out.data_ptr<c10::BFloat16>();
-  for (int64_t i = 0; i < n; ++i) d[i] = c10::BFloat16(y[i]);
+  kernels().bf16_round(n, y, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()));
   return out;
 }
 

@@ -70,6 +70,8 @@ struct KernelTable {
   // mm8_seq's tiles: columns [m0, m1) of q as rows of out [m1 - m0, N]: fp32, or bf16 of q - 128.
   void (*mm8_tile_f32)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, float* out);
   void (*mm8_tile_bf16)(int64_t N, int64_t m0, int64_t m1, const uint8_t* q, uint16_t* out);
+  // d[i] = y[i] rounded to bf16 for i < n, as torch rounds (kernels/convert.h).
+  void (*bf16_round)(int64_t n, const float* y, uint16_t* d);
   // linear_one on output columns [m0, m1): y[m] = x . w[:, m], column m (bf16 or fp32) at
   // w + m*N; x [N] fp32; columns read one by one (sequential) or 4 at a time (read_sequential()).
   void (*linear_one_bf16)(int64_t N, int64_t m0, int64_t m1, const float* x, const uint16_t* w,

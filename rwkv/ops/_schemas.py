@@ -315,6 +315,10 @@ _define("_set_cpu_isa", "(str isa) -> str")
 # The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or streams).
 _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")
+# Test hook (csrc/cpu/cpu_features.cpp, CPU): x (contiguous fp32) rounded to bf16 by the active
+# ISA's bf16_round kernel, the one-token ops' narrowing of their bf16 results.
+_define("_bf16_round", "(Tensor x) -> Tensor")
+
 # Bytes the CPU ops' block pool keeps (csrc/cpu/pooled.cpp): [in blocks up to 1 MiB, larger ones].
 _define("_pooled_kept", "() -> int[]")
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cpu/kernel_table.h"
+#include "cpu/kernels/convert.h"
 #include "cpu/kernels/linear.h"
 #include "cpu/kernels/ln_mix.h"
 #include "cpu/kernels/maa_mix.h"
@@ -41,6 +42,7 @@ void fill_kernel_table(KernelTable* table) {
   table->mm8_i16 = &mm8_i16<V>;
   table->mm8_tile_f32 = &mm8_tile_f32<V>;
   table->mm8_tile_bf16 = &mm8_tile_bf16<V>;
+  table->bf16_round = &bf16_round<V>;
   table->linear_one_bf16 = &linear_one<V, uint16_t>;
   table->linear_one_f32 = &linear_one<V, float>;
   if constexpr (HasBf16Dot<V>::value) {

@@ -102,6 +102,18 @@ struct VecAvx2 {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // a rounded to bf16 (see VecScalar::store_bf16_round), the same integer steps lane by lane.
+  static void store_bf16_round(uint16_t* p, reg a) {
+    const __m256i u = _mm256_castps_si256(a);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i v = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+  }
   // The high halves of a (see VecScalar::store_bf16_exact).
   static void store_bf16_exact(uint16_t* p, reg a) {
     const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(a), 16);

@@ -89,6 +89,18 @@ struct VecAvx512 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // a rounded to bf16 (see VecScalar::store_bf16_round), the same integer steps lane by lane
+  // (not vcvtneps2bf16, which flushes subnormals and keeps NaN payloads).
+  static void store_bf16_round(uint16_t* p, reg a) {
+    const __m512i u = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    const __m512i v = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
   // The high halves of a (see VecScalar::store_bf16_exact).
   static void store_bf16_exact(uint16_t* p, reg a) {
     const __m512i hi = _mm512_srli_epi32(_mm512_castps_si512(a), 16);

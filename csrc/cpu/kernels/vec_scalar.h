@@ -71,6 +71,15 @@ struct VecScalar {
     __builtin_memcpy(&bits, &a, sizeof bits);
     *p = static_cast<uint16_t>(bits >> 16);
   }
+  // a rounded to bf16 as torch's c10::BFloat16(a) does: to nearest even (a carry past the largest
+  // finite value gives inf), every NaN as 0x7FC0, subnormals kept (no flush to zero).
+  static void store_bf16_round(uint16_t* p, reg a) {
+    uint32_t u;
+    __builtin_memcpy(&u, &a, sizeof u);
+    *p = (u & 0x7FFFFFFFu) > 0x7F800000u
+             ? uint16_t{0x7FC0}
+             : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
 
   // Exact dot products of int16 x with uint8 q (mm8_one_i16): add() takes kStep elements, whose
   // partial sums must be moved to 64 bits by flush() at least every kFlushRows elements (a
