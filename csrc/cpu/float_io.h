@@ -2,8 +2,8 @@
 // compute in fp32: widened() gives a bf16 tensor's values as a new contiguous fp32 tensor (exact),
 // narrowed() an fp32 result in the op's output dtype (bf16: rounded to nearest even, as torch's
 // .to() does). While decoding these are a few thousand values, where an ATen conversion's
-// dispatch and TensorIterator set-up would cost more than the copy: a plain loop (bf16 results:
-// the active ISA's bf16_round kernel, kernels/convert.h). Long inputs
+// dispatch and TensorIterator set-up would cost more than the copy: a plain loop, or for bf16
+// results the active ISA's bf16_round kernel (kernels/convert.h). Long inputs
 // (prefill: millions of values) use ATen's conversion, vectorized and threaded (the same values).
 // Fp32Inputs and Fp32Result spare a token's bf16 inputs and results their fp32 tensors.
 #pragma once
