@@ -335,8 +335,9 @@ def test_residual_adds_in_the_products_equal_torch_adds(paths, v, strategy):
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
 def test_split_mix_ops_equal_stacked_mixes(paths, v, strategy):
     """On CPU each block half begins with ln_mix_split (and RWKV-6's time mix goes on with
-    maa_mix_split), whose results are separate tensors; the logits and state, of a prompt and of
-    one token, are those of ln_mix and maa_mix with their results split by views, bit for bit."""
+    maa_mix_split, for one token maa_lora_one: its first low-rank product inside), whose results
+    are separate tensors; the logits and state, of a prompt and of one token, are those of ln_mix,
+    RWKV-6's linear_one and maa_mix with their results split by views, bit for bit."""
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
@@ -347,17 +348,19 @@ def test_split_mix_ops_equal_stacked_mixes(paths, v, strategy):
         assert m.ln_mix.split_op is not None and m.ln_mix.op is not None
         m.ln_mix.split_op = None
         if v == "6" and hasattr(m, "maa_split"):
-            assert m.maa_split is not None
-            m.maa_split = None
+            assert m.maa_split is not None and m.maa_lora is not None
+            m.maa_split = m.maa_lora = None
     for m in split._rt.att + split._rt.ffn:
         m.ln_mix.split_op = lambda *args, _op=ops.resolve("ln_mix_split", "cpu"): calls.append(1) or _op(*args)
         if hasattr(m, "maa_split"):
             m.maa_split = lambda *args, _op=ops.resolve("maa_mix_split", "cpu"): calls.append(1) or _op(*args)
+            m.maa_lora = lambda *args, _op=ops.resolve("maa_lora_one", "cpu"): calls.append(1) or _op(*args)
     a0, sa = split.forward([1, 2, 3], None)
     b0, sb = stacked.forward([1, 2, 3], None)
     a, sa = split.forward([5], _clone(sa))
     b, sb = stacked.forward([5], _clone(sb))
-    # two forward calls, each with two ln_mix_split calls per layer (and RWKV-6's maa_mix_split)
+    # two forward calls, each with two ln_mix_split calls per layer (and RWKV-6's maa_mix_split
+    # for the prompt, maa_lora_one for the token)
     assert len(calls) == 2 * (3 if v == "6" else 2) * CFG["n_layer"]
     assert torch.equal(a0, b0) and torch.equal(a, b)
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))

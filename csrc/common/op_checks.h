@@ -401,4 +401,30 @@ inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, cons
   return {T, C, n, D};
 }
 
+
+// maa_lora_one: maa_mix_split of one token whose z is linear_one(xw, w1): xx [1, C] float32 or
+// bfloat16 (the results' dtype); sx [C] and xw [1, C] in xx's dtype; w1 [C, n*D] in xx's dtype,
+// column-major (w1.t() contiguous); w2 [n, D, C] float32 or bfloat16; maa [n, C] float32.
+inline MaaMixDims check_maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
+                                     const at::Tensor& xw, const at::Tensor& w1,
+                                     const at::Tensor& w2, const at::Tensor& maa) {
+  const char* op = "maa_lora_one";
+  check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"xw", &xw}, {"w1", &w1}, {"w2", &w2},
+                         {"maa", &maa}});
+  const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
+  TORCH_CHECK(T == 1, op, ": xx must be one token, shape [1, C], got ", xx.sizes());
+  check_rows(op, "[1, C]", {{"xw", &xw}}, 1, C, xx.scalar_type(), " (xx's dtype)");
+  check_activation_dtype(op, "w2", w2);
+  RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
+  const int64_t n = w2.size(0), D = w2.size(1);
+  RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
+  RWKV_CHECK_DTYPE_AS(op, w1, xx.scalar_type(), " (xx's dtype)");
+  RWKV_CHECK_DIM(op, w1, "[C, n*D]", 2);
+  RWKV_CHECK_SHAPE(op, w1, "[C, n*D]", C, n * D);
+  TORCH_CHECK(column_major(w1), op, ": w1 must be column-major (w1.t() contiguous), got strides ",
+              w1.strides());
+  check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
+  return {T, C, n, D};
+}
+
 }  // namespace rwkv

@@ -9,6 +9,12 @@
 namespace rwkv {
 namespace cpu {
 
+// linear_one's columns of at most this many bytes are short (kernels/linear.h): summed W at a time
+// from the range's first column, W = the ISA's register width, by another order than longer
+// columns. A short column's bits thus depend on where the range begins: callers that split the
+// columns start every range at a multiple of 16 (or compute them in one range).
+constexpr int64_t kShortColumnBytes = 1024;
+
 struct KernelTable {
   // wkv4_forward on channels [c0, c1): k, v, y [T, C]; w, u, aa, bb, pp [C].
   void (*wkv4)(int64_t T, int64_t C, int64_t c0, int64_t c1, const float* w, const float* u,

@@ -13,8 +13,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -184,6 +186,101 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
   return res;
 }
 
+// maa_lora_one: one token's maa_mix_split whose z is linear_one(xw, w1), computed in the same
+// parallel region. Each thread takes a contiguous range of half-mixes (u = 2i + half, as in
+// maa_half_sums): it computes their values of z (one run of consecutive columns of w1, by
+// linear_one's kernels: the same bits), rounds them to xx's dtype as linear_one returns them,
+// takes their tanh and sums their rows of w2 (one run of consecutive rows); the thread that
+// completes a mix's second half finishes that mix. One call and one region where linear_one and
+// maa_mix_split made two calls and three regions; a static split, since each thread's range is
+// then one run of w1 and one of w2 (against half-mixes taken one at a time by for_blocks: 1.5b
+// RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md).
+std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
+                                     const at::Tensor& xw, const at::Tensor& w1,
+                                     const at::Tensor& w2, const at::Tensor& maa) {
+  const MaaMixDims d = check_maa_lora_one(xx, sx, xw, w1, w2, maa);
+  const KernelTable& kt = kernels();
+  const at::ScalarType dt = xx.scalar_type();
+  const bool bf16 = dt == at::kBFloat16;
+  const bool bf16x = bf16 && kt.linear_one_bf16x != nullptr;  // w1's dots on bf16 xw itself
+  Fp32Inputs in32(1, 3 * d.C);
+  const float *xp = in32(xx), *sxp = in32(sx);
+  const float* xwp = bf16x ? nullptr : in32(xw);
+  const at::Tensor xwc = bf16x ? xw.contiguous() : at::Tensor();
+  const auto* xwb =
+      bf16x ? reinterpret_cast<const uint16_t*>(xwc.data_ptr<at::BFloat16>()) : nullptr;
+  const at::Tensor w2c = w2.contiguous(), mc = maa.contiguous();
+  const bool bf16_w2 = w2c.scalar_type() == at::kBFloat16;
+  const void* w1p = w1.data_ptr();
+  MixResults out(d.n, 1, d.C, dt, result_room(1, d.n * d.C, dt), true);
+  const int64_t nD = d.n * d.D, h = (d.D + 1) / 2;
+  // This thread's buffers (the workers use them through the pointers): z, tanh(z), the half
+  // sums [2n, C].
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(2 * nD + 2 * d.n * d.C));
+  float *z = buf.data(), *zt = z + nD, *acc = zt + nD;
+  const bool sequential = read_sequential();
+  // z's columns [j0, j1), rounded to dt as linear_one's result is, and their tanh.
+  const auto lora = [&](int64_t j0, int64_t j1) {
+    if (!bf16) {
+      kt.linear_one_f32(d.C, j0, j1, xwp, static_cast<const float*>(w1p), z, sequential);
+    } else if (bf16x) {
+      kt.linear_one_bf16x(d.C, j0, j1, xwb, static_cast<const uint16_t*>(w1p), z, sequential);
+    } else {
+      kt.linear_one_bf16(d.C, j0, j1, xwp, static_cast<const uint16_t*>(w1p), z, sequential);
+    }
+    if (bf16) {
+      uint16_t bits[64];
+      for (int64_t j = j0; j < j1; j += 64) {
+        const int64_t len = std::min<int64_t>(64, j1 - j);
+        kt.bf16_round(len, z + j, bits);
+        for (int64_t k = 0; k < len; ++k)
+          z[j + k] = static_cast<float>(c10::BFloat16(bits[k], c10::BFloat16::from_bits()));
+      }
+    }
+    for (int64_t j = j0; j < j1; ++j) zt[j] = std::tanh(z[j]);
+  };
+  // Short columns' bits depend on where a range begins (kernel_table.h): then z in one range,
+  // first (at most n*D KiB of w1).
+  const bool short_w1 = d.C * w1.element_size() <= kShortColumnBytes;
+  if (short_w1) lora(0, nD);
+  // Per mix, how many of its halves are summed.
+  std::atomic<int> few[8];
+  std::unique_ptr<std::atomic<int>[]> many;
+  std::atomic<int>* halves = few;
+  if (d.n > 8) {
+    many.reset(new std::atomic<int>[d.n]);
+    halves = many.get();
+  }
+  for (int64_t i = 0; i < d.n; ++i) halves[i].store(0, std::memory_order_relaxed);
+  // Half-mix u's first column of z (its first row of w2, as rows of [n*D, C]).
+  const auto first = [&](int64_t u) { return u / 2 * d.D + (u % 2 == 0 ? 0 : h); };
+  const int64_t units = 2 * d.n;
+  const int64_t bytes = nD * d.C * ((short_w1 ? 0 : w1.element_size()) + w2c.element_size());
+  const int64_t tasks = std::clamp<int64_t>(bytes / 65536, 1, at::get_num_threads());
+  at::parallel_for(0, units, (units + tasks - 1) / tasks, [&](int64_t u0, int64_t u1) {
+    if (!short_w1 && u0 < u1) lora(first(u0), u1 == units ? nD : first(u1));
+    for (int64_t u = u0; u < u1; ++u) {
+      if (bf16_w2) {
+        kt.maa_half_sums_bf16(d.C, d.D, u, u + 1, zt,
+                              reinterpret_cast<const uint16_t*>(w2c.data_ptr<at::BFloat16>()),
+                              acc);
+      } else {
+        kt.maa_half_sums_f32(d.C, d.D, u, u + 1, zt, w2c.data_ptr<float>(), acc);
+      }
+      // The second of a mix's halves to be summed finishes the mix (the first's sums are
+      // visible to it through the counter's release and acquire).
+      const int64_t i = u / 2;
+      if (halves[i].fetch_add(1, std::memory_order_acq_rel) == 1)
+        kt.maa_finish(d.C, 1, 0, d.C, xp, sxp, acc + 2 * i * d.C, mc.data_ptr<float>() + i * d.C,
+                      out.ptrs() + i);
+    }
+  });
+  std::vector<at::Tensor> res;
+  out.take_into(res);
+  return res;
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace rwkv
@@ -193,4 +290,5 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("maa_mix", &rwkv::cpu::maa_mix);
   m.impl("ln_mix_split", &rwkv::cpu::ln_mix_split);
   m.impl("maa_mix_split", &rwkv::cpu::maa_mix_split);
+  m.impl("maa_lora_one", &rwkv::cpu::maa_lora_one);
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..ops.reference import group_norm, maa_mix_math, wkv6_block_math
+from ..ops.reference import group_norm, maa_mix_math, rows, wkv6_block_math
 from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, fused_op,
                      stacked_mixes, state_buffer)
 
@@ -73,7 +73,8 @@ class TimeMixV5:
 
 
 class TimeMixV6(TimeMixV5):
-    """The data-dependent token shift after its first low-rank product is ``maa_mix``, and what lies
+    """The data-dependent token shift after its first low-rank product is ``maa_mix`` (for one token
+    on CPU ``maa_lora_one``, which computes that product too), and what lies
     between the projections and the output projection (decay, recurrence, group norm, gate) is
     ``wkv6_block``: compiled CPU ops when the activations are fp32 or bf16 (one call each instead
     of ~10 small torch ops), otherwise the same math as torch ops (maa_mix_math and wkv6_block_math,
@@ -102,6 +103,10 @@ class TimeMixV6(TimeMixV5):
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
         self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
         self.maa_split = fused_op("maa_mix_split", dd, mode, self.maa_w2)
+        # One token on CPU: maa_mix_split with the first factor's product in the same call.
+        w1 = self.maa_w1.weight
+        self.maa_lora = fused_op("maa_lora_one", dd, mode, self.maa_w2, w1) \
+            if w1.dim() == 2 and w1.t().is_contiguous() else None
         self.block = fused_op("wkv6_block", dd, mode)
         self.state_buffer = state_buffer(self.block, dd)
         if self.block is not None:
@@ -109,16 +114,23 @@ class TimeMixV6(TimeMixV5):
 
     def _inputs(self, x, sx):
         xx, shift, (xmaa,) = self.ln_mix(x, sx)
-        z = self.maa_w1(xmaa)
-        if self.maa_split is not None:  # compiled, its 5 results as separate tensors (CPU)
-            mixed = self.maa_split(xx, sx, z, self.maa_w2, self.maa_rows)
-        elif self.maa_op is not None:  # compiled (CUDA has none), else the same math as torch ops
-            mixed = self.maa_op(xx, sx, z, self.maa_w2, self.maa_rows).unbind(0)
+        w1 = self.maa_w1.weight
+        if self.maa_lora is not None and rows(xx) == 1 and xmaa.dtype == w1.dtype:
+            # one token on CPU: the first low-rank product inside the same call
+            mixed = self.maa_lora(xx, sx, xmaa, w1, self.maa_w2, self.maa_rows)
         else:
-            mixed = maa_mix_math(xx, sx, z, self.maa_w2, self.maa).unbind(0)
+            mixed = self._mixes(xx, sx, self.maa_w1(xmaa))
         wx, kx, vx, rx, gx = mixed  # (5 x [T, C]): w, k, v, r, g
         (r, k, v, g, _), (w,) = self.decay_products([rx, kx, vx, gx, wx])
         return shift, (r, k, v, g, w)
+
+    def _mixes(self, xx, sx, z):
+        """The 5 mixes from the first low-rank product's result z."""
+        if self.maa_split is not None:  # compiled, its 5 results as separate tensors (CPU)
+            return self.maa_split(xx, sx, z, self.maa_w2, self.maa_rows)
+        if self.maa_op is not None:  # compiled (CUDA has none), else the same math as torch ops
+            return self.maa_op(xx, sx, z, self.maa_w2, self.maa_rows).unbind(0)
+        return maa_mix_math(xx, sx, z, self.maa_w2, self.maa).unbind(0)
 
     def _extra_members(self) -> list:
         return [(self.decay_w1, "tanh", None)]

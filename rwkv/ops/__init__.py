@@ -13,7 +13,7 @@ from . import _schemas, reference
 from ._backend import MODES, backend_report, cpu_read_order, cpu_isa, resolve
 from ._schemas import OPS
 
-__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8", "mm8_one",
+__all__ = ["MODES", "OPS", "backend_report", "cpu_read_order", "cpu_isa", "gemm_fp16", "linear_one", "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8", "mm8_one",
            "mm8_one_i16", "mm8_seq", "pooled_empty_like", "reference", "resolve", "wkv4", "wkv4_block", "wkv5", "wkv6", "wkv6_block", "wkv7", "wkv7_block"]
 
 Tensor = torch.Tensor
@@ -75,6 +75,13 @@ def maa_mix_split(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *,
                   mode: str = "auto") -> list:
     """maa_mix's values as n separate tensors [T, C]. CPU."""
     return resolve("maa_mix_split", xx.device.type, mode)(xx, sx, z, w2, maa)
+
+
+def maa_lora_one(xx: Tensor, sx: Tensor, xw: Tensor, w1: Tensor, w2: Tensor, maa: Tensor, *,
+                 mode: str = "auto") -> list:
+    """maa_mix_split of one token (xx [1, C]) whose z is linear_one(xw, w1), w1 [C, n*D]
+    column-major. CPU."""
+    return resolve("maa_lora_one", xx.device.type, mode)(xx, sx, xw, w1, w2, maa)
 
 
 def wkv6_block(state: Tensor, r: Tensor, k: Tensor, v: Tensor, w: Tensor, g: Tensor, p: Tensor,

@@ -258,6 +258,27 @@ def validate_maa_mix(xx, sx, z, w2, maa, op: str = "maa_mix") -> tuple:
     return T, C, n, D
 
 
+def validate_maa_lora_one(xx, sx, xw, w1, w2, maa, op: str = "maa_lora_one") -> tuple:
+    """Checks maa_lora_one's arguments (one token: xx [1, C]; xw [1, C] and w1 [C, n*D],
+    column-major, in xx's dtype; w2 and maa as maa_mix's); returns (1, C, n, D)."""
+    check_same_device(op, ("xx", "sx", "xw", "w1", "w2", "maa"), (xx, sx, xw, w1, w2, maa))
+    T, C = _check_activation_and_shift(op, "xx", xx, sx)
+    torch._check(T == 1, lambda: f"{op}: xx must be one token, shape [1, C], got {_shape(xx)}")
+    _check_rows(op, ("xw",), (xw,), 1, C, "[1, C]", xx.dtype, " (xx's dtype)")
+    check_activation_dtype(op, "w2", w2)
+    check_dim(op, "w2", w2, "[n, D, C]", 3)
+    n, D = int(w2.shape[0]), int(w2.shape[1])
+    check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
+    check_dtype(op, "w1", w1, xx.dtype, " (xx's dtype)")
+    check_dim(op, "w1", w1, "[C, n*D]", 2)
+    check_shape(op, "w1", w1, "[C, n*D]", (C, n * D))
+    torch._check(w1.t().is_contiguous(),
+                 lambda: f"{op}: w1 must be column-major (w1.t() contiguous), got strides "
+                         f"{list(w1.stride())}")
+    _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
+    return T, C, n, D
+
+
 def check_one_row(op: str, name: str, t: torch.Tensor) -> None:
     """A one-token product's x: [N] or [1, N] (one row; the result keeps it: [M] or [1, M])."""
     torch._check(t.dim() == 1 or (t.dim() == 2 and t.shape[0] == 1),

@@ -179,6 +179,19 @@ def _maa_mix_split_fake(xx, sx, z, w2, maa):
     return [xx.new_empty((T, C)) for _ in range(n)]
 
 
+# maa_mix_split of one token whose z is linear_one(xw, w1) (CPU; RWKV-6's one-token path: the first
+# low-rank product in the same call): xx [1, C] fp32 or bf16; sx [C], xw [1, C] and w1 [C, n*D]
+# (column-major) in xx's dtype; w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Returns the n mixes
+# [1, C] in xx's dtype, the bits of linear_one then maa_mix_split.
+_define("maa_lora_one", "(Tensor xx, Tensor sx, Tensor xw, Tensor w1, Tensor w2, Tensor maa) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::maa_lora_one")
+def _maa_lora_one_fake(xx, sx, xw, w1, w2, maa):
+    T, C, n, D = _checks.validate_maa_lora_one(xx, sx, xw, w1, w2, maa)
+    return [xx.new_empty((T, C)) for _ in range(n)]
+
+
 # x: [N] or [1, N] fp32|bf16|fp16; w: [N, M] uint8, any strides (fast path: w.t() contiguous);
 # mx, rx: [M] and my, ry: [N, 1] in x's dtype. Returns y: [M] or [1, M] (as x) in x's dtype.
 _define("mm8_one", "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry) -> Tensor")
@@ -324,5 +337,5 @@ _define("_pooled_kept", "() -> int[]")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
+       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

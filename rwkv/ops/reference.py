@@ -320,6 +320,13 @@ def maa_mix_split(xx, sx, z, w2, maa):
     return [m.clone() for m in maa_mix(xx, sx, z, w2, maa).unbind(0)]
 
 
+def maa_lora_one(xx, sx, xw, w1, w2, maa):
+    """maa_mix_split of one token (xx [1, C]) whose z is linear_one(xw, w1): the first low-rank
+    product and the token shift after it in one op."""
+    _checks.validate_maa_lora_one(xx, sx, xw, w1, w2, maa)
+    return maa_mix_split(xx, sx, linear_one(xw, w1), w2, maa)
+
+
 def _mm8(op, x, w, mx, rx, my, ry, seq):
     _checks.validate_mm8(op, x, w, mx, rx, my, ry, seq)
     f = torch.float32

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/kernel_table.h"
 #include "cpu/kernels/streams.h"
 #include "cpu/kernels/vec_scalar.h"
 
@@ -43,13 +44,12 @@ inline void linear_columns(int64_t N, int64_t m, int64_t stride, const float* x,
   for (int b = 0; b < B; ++b) y[m + b * stride] = dot[b];
 }
 
-// Columns of at most this many bytes are short: the second factors of the low-rank products (the
-// rows are the rank: RWKV-6's time_decay_w2 64, RWKV-7's w2, a2, v2, g2 64-256 at 1.5B, 8-24 in
-// the benchmark's checkpoints). Summing each column into one float costs a horizontal sum of a
-// register (~8 instructions) plus a scalar loop over the rows past the last whole register, so
-// per byte read such columns ran compute-bound: fp32 [16, 2048] took 15 us from DRAM (8.8 GB/s),
-// [12, 2048] 24 us (4.1 GB/s).
-constexpr int64_t kShortColumnBytes = 1024;
+// Short columns (at most kShortColumnBytes, kernel_table.h): the second factors of the low-rank
+// products (the rows are the rank: RWKV-6's time_decay_w2 64, RWKV-7's w2, a2, v2, g2 64-256 at
+// 1.5B, 8-24 in the benchmark's checkpoints). Summing each column into one float costs a
+// horizontal sum of a register (~8 instructions) plus a scalar loop over the rows past the last
+// whole register, so per byte read such columns ran compute-bound: fp32 [16, 2048] took 15 us
+// from DRAM (8.8 GB/s), [12, 2048] 24 us (4.1 GB/s).
 
 // Columns [m, m + W) of short columns, W = V::width: one column after the other (the W columns
 // are one run of consecutive memory), each column's products summed lane-wise in one register
