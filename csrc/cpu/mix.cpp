@@ -26,6 +26,7 @@
 #include "cpu/float_io.h"
 #include "cpu/parallel.h"
 #include "cpu/pooled.h"
+#include "cpu/product_columns.h"
 
 namespace rwkv {
 namespace cpu {
@@ -201,48 +202,25 @@ std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
   const MaaMixDims d = check_maa_lora_one(xx, sx, xw, w1, w2, maa);
   const KernelTable& kt = kernels();
   const at::ScalarType dt = xx.scalar_type();
-  const bool bf16 = dt == at::kBFloat16;
-  const bool bf16x = bf16 && kt.linear_one_bf16x != nullptr;  // w1's dots on bf16 xw itself
-  Fp32Inputs in32(1, 3 * d.C);
+  Fp32Inputs in32(1, 2 * d.C);
   const float *xp = in32(xx), *sxp = in32(sx);
-  const float* xwp = bf16x ? nullptr : in32(xw);
-  const at::Tensor xwc = bf16x ? xw.contiguous() : at::Tensor();
-  const auto* xwb =
-      bf16x ? reinterpret_cast<const uint16_t*>(xwc.data_ptr<at::BFloat16>()) : nullptr;
   const at::Tensor w2c = w2.contiguous(), mc = maa.contiguous();
   const bool bf16_w2 = w2c.scalar_type() == at::kBFloat16;
-  const void* w1p = w1.data_ptr();
   MixResults out(d.n, 1, d.C, dt, result_room(1, d.n * d.C, dt), true);
   const int64_t nD = d.n * d.D, h = (d.D + 1) / 2;
-  // This thread's buffers (the workers use them through the pointers): z, tanh(z), the half
-  // sums [2n, C].
+  // This thread's buffers (the workers use them through the pointers): xw in fp32, z, tanh(z),
+  // the half sums [2n, C].
   thread_local std::vector<float> buf;
-  buf.resize(static_cast<size_t>(2 * nD + 2 * d.n * d.C));
-  float *z = buf.data(), *zt = z + nD, *acc = zt + nD;
-  const bool sequential = read_sequential();
-  // z's columns [j0, j1), rounded to dt as linear_one's result is, and their tanh.
+  buf.resize(static_cast<size_t>(d.C + 2 * nD + 2 * d.n * d.C));
+  float *z = buf.data() + d.C, *zt = z + nD, *acc = zt + nD;
+  const ProductColumns product(xw, w1, buf.data());
+  // z's columns [j0, j1) and their tanh.
   const auto lora = [&](int64_t j0, int64_t j1) {
-    if (!bf16) {
-      kt.linear_one_f32(d.C, j0, j1, xwp, static_cast<const float*>(w1p), z, sequential);
-    } else if (bf16x) {
-      kt.linear_one_bf16x(d.C, j0, j1, xwb, static_cast<const uint16_t*>(w1p), z, sequential);
-    } else {
-      kt.linear_one_bf16(d.C, j0, j1, xwp, static_cast<const uint16_t*>(w1p), z, sequential);
-    }
-    if (bf16) {
-      uint16_t bits[64];
-      for (int64_t j = j0; j < j1; j += 64) {
-        const int64_t len = std::min<int64_t>(64, j1 - j);
-        kt.bf16_round(len, z + j, bits);
-        for (int64_t k = 0; k < len; ++k)
-          z[j + k] = static_cast<float>(c10::BFloat16(bits[k], c10::BFloat16::from_bits()));
-      }
-    }
+    product(j0, j1, z);
     for (int64_t j = j0; j < j1; ++j) zt[j] = std::tanh(z[j]);
   };
-  // Short columns' bits depend on where a range begins (kernel_table.h): then z in one range,
-  // first (at most n*D KiB of w1).
-  const bool short_w1 = d.C * w1.element_size() <= kShortColumnBytes;
+  // Short columns (product_columns.h): z in one range, first (at most n*D KiB of w1).
+  const bool short_w1 = product.short_columns();
   if (short_w1) lora(0, nD);
   // Per mix, how many of its halves are summed.
   std::atomic<int> few[8];
