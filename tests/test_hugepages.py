@@ -1,6 +1,10 @@
 """rwkv/hugepages.py: CPU weights moved into one mapping advised MADV_HUGEPAGE keep their values,
-shapes and strides; the advice is really on the mapping (VmFlags "hg"); the switch turns it off; and
-a model loads to the same logits either way."""
+shapes and strides; the advice is really on the mapping (VmFlags "hg"); the mapping is then
+collapsed into huge pages (MADV_COLLAPSE) over whole huge pages covering every moved tensor, and
+collapsing really backs 4 KiB pages with huge ones; the switch turns it off; and a model loads to
+the same logits either way."""
+
+import mmap
 
 import pytest
 import torch
@@ -23,6 +27,20 @@ def vma_flags(addr: int) -> list[str]:
                 inside = lo <= addr < hi
             elif inside and head == "VmFlags:":
                 return line.split()[1:]
+    raise AssertionError(f"no mapping contains {addr:#x}")
+
+
+def mapping_kb(addr: int, field: str) -> int:
+    """A field of /proc/self/smaps (kB) for the mapping that contains addr."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == field + ":":
+                return int(line.split()[1])
     raise AssertionError(f"no mapping contains {addr:#x}")
 
 
@@ -52,6 +70,41 @@ def test_pack_keeps_values_shapes_and_strides():
         assert w[k].data_ptr() % 64 == 0, k
     w["dense"].add_(1)  # the moved tensors are ordinary writable tensors
     assert torch.equal(w["dense"], before["dense"][0] + 1)
+
+
+@needs_thp
+def test_pack_collapses_whole_huge_pages_over_every_tensor(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hugepages, "collapse", lambda addr, n: calls.append((addr, n)) or True)
+    w = sample_weights()
+    hugepages.pack(w, list(w))
+    assert len(calls) == 1
+    addr, n = calls[0]
+    assert addr % hugepages.HUGE_PAGE == 0 and n % hugepages.HUGE_PAGE == 0 and n > 0
+    for k in ("dense", "colmajor", "bf16", "vector"):
+        t = w[k]
+        first = t.data_ptr()
+        last = first + (t.numel() - 1) * t.element_size()  # these are dense: no gaps
+        assert addr <= first and last < addr + n, k
+
+
+@needs_thp
+def test_collapse_backs_4k_pages_with_huge_pages():
+    """Memory faulted in 4 KiB pages (no MADV_HUGEPAGE advice; THP mode "madvise") is backed by
+    huge pages after collapse(), where the kernel offers MADV_COLLAPSE (Linux 6.1+)."""
+    size = 8 * hugepages.HUGE_PAGE
+    buf = mmap.mmap(-1, size + hugepages.HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = torch.frombuffer(buf, dtype=torch.uint8)
+    start = (-base.data_ptr()) % hugepages.HUGE_PAGE
+    region = base[start:start + size]
+    region.fill_(7)
+    addr = region.data_ptr()
+    if mapping_kb(addr, "AnonHugePages") >= size // 1024:
+        pytest.skip("the faults already got huge pages (THP mode \"always\")")
+    if not hugepages.collapse(addr, size):
+        pytest.skip("MADV_COLLAPSE is unavailable (Linux < 6.1) or was refused")
+    assert mapping_kb(addr, "AnonHugePages") >= size // 1024
+    assert bool((region == 7).all())  # the same contents
 
 
 def test_switch_off(monkeypatch):
