@@ -16,22 +16,8 @@ from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
 needs_thp = pytest.mark.skipif(not hugepages.available(), reason="no transparent huge pages on this OS")
 
 
-def vma_flags(addr: int) -> list[str]:
-    """VmFlags of the mapping in /proc/self/smaps that contains addr."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo <= addr < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping contains {addr:#x}")
-
-
-def mapping_kb(addr: int, field: str) -> int:
-    """A field of /proc/self/smaps (kB) for the mapping that contains addr."""
+def smaps_field(addr: int, field: str) -> list[str]:
+    """The values of a field of /proc/self/smaps for the mapping that contains addr."""
     inside = False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -40,8 +26,16 @@ def mapping_kb(addr: int, field: str) -> int:
                 lo, hi = (int(v, 16) for v in head.split("-"))
                 inside = lo <= addr < hi
             elif inside and head == field + ":":
-                return int(line.split()[1])
+                return line.split()[1:]
     raise AssertionError(f"no mapping contains {addr:#x}")
+
+
+def vma_flags(addr: int) -> list[str]:
+    return smaps_field(addr, "VmFlags")
+
+
+def mapping_kb(addr: int, field: str) -> int:
+    return int(smaps_field(addr, field)[0])
 
 
 def sample_weights():
