@@ -301,6 +301,12 @@ inline bool column_major(const at::Tensor& w) {
          ((w.size(0) <= 1 || w.stride(0) == 1) && (w.size(1) <= 1 || w.stride(1) == w.size(0)));
 }
 
+// `name` (a matrix w [N, M]) must be column-major.
+inline void check_column_major(const char* op, const char* name, const at::Tensor& w) {
+  TORCH_CHECK(column_major(w), op, ": ", name, " must be column-major (", name,
+              ".t() contiguous), got strides ", w.strides());
+}
+
 struct LinearDims { int64_t N, M; };
 
 // linear_one: x [N] or [1, N] and w [N, M] both bf16 or both fp32, w column-major (w.t()
@@ -316,8 +322,7 @@ inline LinearDims check_linear_one(const at::Tensor& x, const at::Tensor& w,
   RWKV_CHECK_DIM(op, w, "[N, M]", 2);
   const int64_t N = x.size(-1), M = w.size(1);
   RWKV_CHECK_SHAPE(op, w, "[N, M]", N, M);
-  TORCH_CHECK(column_major(w), op, ": w must be column-major (w.t() contiguous), got strides ",
-              w.strides());
+  check_column_major(op, "w", w);
   return {N, M};
 }
 
@@ -385,6 +390,16 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
 
 struct MaaMixDims { int64_t T, C, n, D; };
 
+// maa_mix's w2 [n, D, C], float32 or bfloat16 (the same two dtypes as the activations); returns
+// (n, D).
+inline std::pair<int64_t, int64_t> check_maa_w2(const char* op, const at::Tensor& w2, int64_t C) {
+  check_activation_dtype(op, "w2", w2);
+  RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
+  const int64_t n = w2.size(0), D = w2.size(1);
+  RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
+  return {n, D};
+}
+
 // maa_mix: xx [T, C] float32 or bfloat16 (the result's dtype); sx [C] and z [T, n*D] in xx's
 // dtype; w2 [n, D, C] float32 or bfloat16; maa [n, C] float32. op: maa_mix or maa_mix_split.
 inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
@@ -392,15 +407,11 @@ inline MaaMixDims check_maa_mix(const at::Tensor& xx, const at::Tensor& sx, cons
                                 const char* op = "maa_mix") {
   check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
   const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
-  check_activation_dtype(op, "w2", w2);  // the same two dtypes as the activations
-  RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
-  const int64_t n = w2.size(0), D = w2.size(1);
-  RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
+  const auto [n, D] = check_maa_w2(op, w2, C);
   check_rows(op, "[T, n*D]", {{"z", &z}}, T, n * D, xx.scalar_type(), " (xx's dtype)");
   check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
   return {T, C, n, D};
 }
-
 
 // maa_lora_one: maa_mix_split of one token whose z is linear_one(xw, w1): xx [1, C] float32 or
 // bfloat16 (the results' dtype); sx [C] and xw [1, C] in xx's dtype; w1 [C, n*D] in xx's dtype,
@@ -414,15 +425,11 @@ inline MaaMixDims check_maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
   const auto [T, C] = check_activation_and_shift(op, "xx", xx, sx);
   TORCH_CHECK(T == 1, op, ": xx must be one token, shape [1, C], got ", xx.sizes());
   check_rows(op, "[1, C]", {{"xw", &xw}}, 1, C, xx.scalar_type(), " (xx's dtype)");
-  check_activation_dtype(op, "w2", w2);
-  RWKV_CHECK_DIM(op, w2, "[n, D, C]", 3);
-  const int64_t n = w2.size(0), D = w2.size(1);
-  RWKV_CHECK_SHAPE(op, w2, "[n, D, C]", n, D, C);
+  const auto [n, D] = check_maa_w2(op, w2, C);
   RWKV_CHECK_DTYPE_AS(op, w1, xx.scalar_type(), " (xx's dtype)");
   RWKV_CHECK_DIM(op, w1, "[C, n*D]", 2);
   RWKV_CHECK_SHAPE(op, w1, "[C, n*D]", C, n * D);
-  TORCH_CHECK(column_major(w1), op, ": w1 must be column-major (w1.t() contiguous), got strides ",
-              w1.strides());
+  check_column_major(op, "w1", w1);
   check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
   return {T, C, n, D};
 }

@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -223,13 +222,7 @@ std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
   const bool short_w1 = product.short_columns();
   if (short_w1) lora(0, nD);
   // Per mix, how many of its halves are summed.
-  std::atomic<int> few[8];
-  std::unique_ptr<std::atomic<int>[]> many;
-  std::atomic<int>* halves = few;
-  if (d.n > 8) {
-    many.reset(new std::atomic<int>[d.n]);
-    halves = many.get();
-  }
+  SmallArray<std::atomic<int>> halves(static_cast<size_t>(d.n));
   for (int64_t i = 0; i < d.n; ++i) halves[i].store(0, std::memory_order_relaxed);
   // Half-mix u's first column of z (its first row of w2, as rows of [n*D, C]).
   const auto first = [&](int64_t u) { return u / 2 * d.D + (u % 2 == 0 ? 0 : h); };

@@ -23,7 +23,6 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -214,13 +213,7 @@ Outputs run_products(Products prs) {
     }
   }
   // Each part's preparation state (prepare_int8).
-  std::atomic<int> few[8];
-  std::unique_ptr<std::atomic<int>[]> many;
-  std::atomic<int>* ready = few;
-  if (parts.size() > 8) {
-    many.reset(new std::atomic<int>[parts.size()]);
-    ready = many.get();
-  }
+  SmallArray<std::atomic<int>> ready(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) ready[i].store(0, std::memory_order_relaxed);
   c10::SmallVector<int64_t, 16> columns, bytes;
   for (const Part& pt : parts) {

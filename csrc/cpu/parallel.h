@@ -29,6 +29,27 @@ namespace cpu {
 // thread reading every other 32 KiB streamed at ~15 GB/s instead of ~30 (docs/kernels.md).
 // (Small arrays, not heap vectors, for up to 8 tasks: while decoding this runs for every product.)
 
+// n default-constructed T (atomics, ChunkRange: neither copyable nor movable), in place for up
+// to K, else on the heap: no allocation in the usual case, which runs for every one-token call.
+template <class T, size_t K = 8>
+class SmallArray {
+ public:
+  explicit SmallArray(size_t n) {
+    if (n > K) {
+      heap_.reset(new T[n]);
+      p_ = heap_.get();
+    }
+  }
+  SmallArray(const SmallArray&) = delete;
+  SmallArray& operator=(const SmallArray&) = delete;
+  T& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  T local_[K];
+  std::unique_ptr<T[]> heap_;
+  T* p_ = local_;
+};
+
 // The most work in one for_member_blocks chunk (each task's share is at least 16 chunks).
 constexpr int64_t kChunkWork = 256 * 1024;
 
@@ -86,13 +107,7 @@ void for_member_blocks(c10::ArrayRef<int64_t> units, c10::ArrayRef<int64_t> work
   // order; when its own are gone it takes other tasks' chunks from their backs.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kChunkWork, total / (tasks * 16)));
   const int64_t chunks = (total + chunk - 1) / chunk;
-  ChunkRange few[8];
-  std::unique_ptr<ChunkRange[]> many;
-  ChunkRange* ranges = few;
-  if (tasks > 8) {
-    many.reset(new ChunkRange[tasks]);
-    ranges = many.get();
-  }
+  SmallArray<ChunkRange> ranges(static_cast<size_t>(tasks));
   for (int64_t t = 0; t < tasks; ++t) ranges[t].init(chunks * t / tasks, chunks * (t + 1) / tasks);
   auto run_chunk = [&](int64_t c) { run(c * chunk, std::min(total, (c + 1) * chunk)); };
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {

@@ -245,14 +245,28 @@ def validate_ln_mix(x, sx, w, b, mix, op: str = "ln_mix") -> tuple:
     return T, C, n
 
 
+def _check_maa_w2(op: str, w2: torch.Tensor, C: int) -> tuple:
+    """maa_mix's w2 [n, D, C], float32 or bfloat16 (the same two dtypes as the activations);
+    returns (n, D)."""
+    check_activation_dtype(op, "w2", w2)
+    check_dim(op, "w2", w2, "[n, D, C]", 3)
+    n, D = int(w2.shape[0]), int(w2.shape[1])
+    check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
+    return n, D
+
+
+def check_column_major(op: str, name: str, w: torch.Tensor) -> None:
+    """``name`` (a matrix w [N, M]) must be column-major."""
+    torch._check(w.t().is_contiguous(),
+                 lambda: f"{op}: {name} must be column-major ({name}.t() contiguous), got strides "
+                         f"{list(w.stride())}")
+
+
 def validate_maa_mix(xx, sx, z, w2, maa, op: str = "maa_mix") -> tuple:
     """Checks maa_mix's (or maa_mix_split's) arguments; returns (T, C, n, D)."""
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
-    check_activation_dtype(op, "w2", w2)  # the same two dtypes as the activations
-    check_dim(op, "w2", w2, "[n, D, C]", 3)
-    n, D = int(w2.shape[0]), int(w2.shape[1])
-    check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
+    n, D = _check_maa_w2(op, w2, C)
     _check_rows(op, ("z",), (z,), T, n * D, "[T, n*D]", xx.dtype, " (xx's dtype)")
     _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
     return T, C, n, D
@@ -265,16 +279,11 @@ def validate_maa_lora_one(xx, sx, xw, w1, w2, maa, op: str = "maa_lora_one") -> 
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
     torch._check(T == 1, lambda: f"{op}: xx must be one token, shape [1, C], got {_shape(xx)}")
     _check_rows(op, ("xw",), (xw,), 1, C, "[1, C]", xx.dtype, " (xx's dtype)")
-    check_activation_dtype(op, "w2", w2)
-    check_dim(op, "w2", w2, "[n, D, C]", 3)
-    n, D = int(w2.shape[0]), int(w2.shape[1])
-    check_shape(op, "w2", w2, "[n, D, C]", (n, D, C))
+    n, D = _check_maa_w2(op, w2, C)
     check_dtype(op, "w1", w1, xx.dtype, " (xx's dtype)")
     check_dim(op, "w1", w1, "[C, n*D]", 2)
     check_shape(op, "w1", w1, "[C, n*D]", (C, n * D))
-    torch._check(w1.t().is_contiguous(),
-                 lambda: f"{op}: w1 must be column-major (w1.t() contiguous), got strides "
-                         f"{list(w1.stride())}")
+    check_column_major(op, "w1", w1)
     _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
     return T, C, n, D
 
@@ -346,9 +355,7 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
     check_dim(op, "w", w, "[N, M]", 2)
     N, M = int(x.shape[-1]), int(w.shape[1])
     check_shape(op, "w", w, "[N, M]", (N, M))
-    torch._check(w.t().is_contiguous(),
-                 lambda: f"{op}: w must be column-major (w.t() contiguous), got strides "
-                         f"{list(w.stride())}")
+    check_column_major(op, "w", w)
     return N, M
 
 
