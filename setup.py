@@ -72,7 +72,7 @@ def _extensions():
 
     # The CPU glue (torch headers) and the torch-free ISA kernels. Each isa_<name>.cpp selects its
     # instruction set itself (see csrc/README.md), so one set of flags serves every file.
-    sources = ["csrc/module.cpp"]
+    sources = ["csrc/module.cpp", "csrc/inference_only.cpp"]
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cpu", "kernels", "*.cpp")))
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]

@@ -53,6 +53,8 @@ def _load() -> None:
         except Exception as e:  # a broken binary must not take the reference path down with it
             _load_error = f"rwkv._C failed to load: {type(e).__name__}: {e}"
         if _module is not None:
+            # The ops' own Autograd kernel (csrc/inference_only.cpp), registered once.
+            torch.ops.rwkv._inference_only(list(_schemas.OPS))
             _version_warning = _check_build_info()
             if _version_warning:
                 warnings.warn(_version_warning, RuntimeWarning, stacklevel=3)

@@ -335,6 +335,11 @@ _define("_bf16_round", "(Tensor x) -> Tensor")
 # Bytes the CPU ops' block pool keeps (csrc/cpu/pooled.cpp): [in blocks up to 1 MiB, larger ones].
 _define("_pooled_kept", "() -> int[]")
 
+# Registers the Autograd kernel of the named ops (csrc/inference_only.cpp; rwkv/ops/_backend.py
+# passes OPS once rwkv._C is loaded): these ops have no backward, so under grad mode an argument
+# that requires grad is refused, and otherwise the call goes straight to the backend's kernel.
+_define("_inference_only", "(str[] names) -> ()")
+
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
        "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
