@@ -114,3 +114,28 @@ def test_ffn_rejects(impl, case, rng):
         fn = ops.linear_one_ffn  # (nothing to dispatch on: the wrapper's reference answers)
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
         fn(x, w, side, act, residual, gate)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("kind, dtype", [("int8", f32), ("int8", bf16), ("dense", bf16)], ids=str)
+def test_ffn_thread_split(threads, kind, dtype, rng):
+    # The products split between threads in many chunks: the bits of one thread's group, value
+    # product and torch's `residual + gate * y`.
+    fn = compiled_or_skip(OP)
+    x, w, side, act, residual, gate = make_ffn(kind, dtype, 512, 1200, True, rng)
+    s = 4 * sum(t.dtype == torch.uint8 for t in w[:len(x)])
+
+    def reference():
+        ys = ops.linear_one_group(x, w[:len(x)], side[:s], act)
+        y = ops.mm8_one_i16(ys[-1], w[-1], *side[s:]) if kind == "int8" else ops.linear_one(ys[-1], w[-1])
+        return residual + ys[gate] * y
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = reference()
+        torch.set_num_threads(threads)
+        got = fn(x, w, side, act, residual, gate)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, want)

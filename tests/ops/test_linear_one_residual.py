@@ -40,6 +40,13 @@ def composed(x, w, side, act, residual, gate, product, mode="compiled"):
     return residual + (y if gate is None else gate * y)
 
 
+def make_gated_case(kind, dtype, N, M, rng):
+    """make_product's (x, w, side, product), then a residual and a gate [1, M] in dtype."""
+    x, w, side, product = make_product(kind, dtype, N, M, rng)
+    return (x, w, side, product, uniform((1, M), rng, -4, 4, "cpu", dtype),
+            uniform((1, M), rng, 0, 1, "cpu", dtype))
+
+
 KINDS = [("dense", f32), ("dense", bf16), ("int8", f32), ("int8", bf16), ("int8", f16),
          ("slabs", f32), ("slabs", bf16), ("dense_slabs", f32), ("dense_slabs", bf16)]
 
@@ -64,9 +71,7 @@ def test_equals_product_then_torch_ops(impl, kind, dtype, act, gated, rng):
                          ids=lambda v: str(v))
 def test_isa(cpu_isa, kind, dtype, rng):
     fn = compiled_or_skip(OP)
-    x, w, side, product = make_product(kind, dtype, 130, 33, rng)
-    residual = uniform((1, 33), rng, -4, 4, "cpu", dtype)
-    gate = uniform((1, 33), rng, 0, 1, "cpu", dtype)
+    x, w, side, product, residual, gate = make_gated_case(kind, dtype, 130, 33, rng)
     with _testing.force_cpu_isa(cpu_isa):
         assert torch.equal(fn(x, w, side, 0, residual, gate),
                            composed(x, w, side, 0, residual, gate, product))
@@ -132,3 +137,26 @@ def test_rejects(impl, case, rng):
         gate = gate.half()
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
         fn(x, w, side, 0, residual, gate)
+
+
+def with_threads(threads, f):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return f()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("kind, dtype", [("dense", f32), ("dense", bf16), ("int8", f32), ("int8", bf16)],
+                         ids=lambda v: str(v))
+def test_thread_split(threads, kind, dtype, rng):
+    # Products this large are split between threads in many chunks: the same bits as one thread
+    # doing the whole product, then torch's elementwise ops.
+    fn = compiled_or_skip(OP)
+    x, w, side, product, residual, gate = make_gated_case(kind, dtype, 1024, 1100, rng)
+    want = with_threads(1, lambda: composed(x, w, side, 2, residual, gate, product))
+    assert torch.equal(with_threads(threads, lambda: fn(x, w, side, 2, residual, gate)), want)
+    assert torch.equal(with_threads(threads, lambda: fn(x, w, side, 0, residual, None)),
+                       with_threads(1, lambda: composed(x, w, side, 0, residual, None, product)))
