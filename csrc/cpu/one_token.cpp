@@ -73,6 +73,9 @@ struct Part {
   int16_t* xq = nullptr;
   const float* ry = nullptr;  // int8: its K rows of ry and my, in fp32
   const float* my = nullptr;
+  const float* rx = nullptr;  // int8: the product's rx and mx [M] in fp32
+  const float* mx = nullptr;
+  bool f32w = false;  // dense: fp32 weights (else bf16)
   float scale = 0.0f;  // int8: 0 = the fp32 loop (xs all zero or not finite)
 };
 
@@ -189,6 +192,7 @@ Outputs run_products(Products prs) {
       Part pt;
       pt.product = i;
       pt.K = K;
+      pt.f32w = pr.w->scalar_type() == at::kFloat;
       pt.w = w + s * slab_bytes;
       if (bf16x) {
         pt.xb = xb + s * K;
@@ -206,6 +210,8 @@ Outputs run_products(Products prs) {
         pt.xq = sp;
         pt.ry = pr.ry32.data_ptr<float>() + s * K;
         pt.my = pr.my32.data_ptr<float>() + s * K;
+        pt.rx = pr.rx32.data_ptr<float>();
+        pt.mx = pr.mx32.data_ptr<float>();
         fp += mm8_one_token_floats(K);
         sp += padded(K);
       }
@@ -230,13 +236,12 @@ Outputs run_products(Products prs) {
       prepare_int8(kt, parts[i], ready[i]);
       const auto* q = static_cast<const uint8_t*>(pt.w);
       const float* sums = pt.xs + mm8_one_token_floats(pt.K) - 16;
-      const float *rx = pr.rx32.data_ptr<float>(), *mx = pr.mx32.data_ptr<float>();
       if (pt.scale == 0.0f) {
-        kt.mm8(1, pt.K, pr.M, m0, m1, pt.xs, q, sums, rx, mx, pt.y);
+        kt.mm8(1, pt.K, pr.M, m0, m1, pt.xs, q, sums, pt.rx, pt.mx, pt.y);
       } else {
-        kt.mm8_i16(pt.K, m0, m1, pt.xq, q, pt.scale, sums, rx, mx, pt.y, sequential);
+        kt.mm8_i16(pt.K, m0, m1, pt.xq, q, pt.scale, sums, pt.rx, pt.mx, pt.y, sequential);
       }
-    } else if (pr.w->scalar_type() == at::kFloat) {
+    } else if (pt.f32w) {
       kt.linear_one_f32(pt.K, m0, m1, pt.x, static_cast<const float*>(pt.w), pt.y, sequential);
     } else if (pt.xb != nullptr) {
       kt.linear_one_bf16x(pt.K, m0, m1, pt.xb, static_cast<const uint16_t*>(pt.w), pt.y,
