@@ -12,14 +12,11 @@
 //
 // Registered at run time for the names Python passes (rwkv._C loads after the schemas are
 // defined; rwkv/ops/_backend.py calls rwkv::_inference_only with OPS once).
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include <memory>
 #include <mutex>
 #include <set>
 #include <string>

@@ -27,6 +27,16 @@ def compiled_or_skip(op: str, device: str = "cpu"):
     return implementation(op, "compiled", device)
 
 
+def with_threads(threads, f):
+    """f() with torch's thread count set to threads, restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return f()
+    finally:
+        torch.set_num_threads(before)
+
+
 def uniform(shape, rng, lo=-1.0, hi=1.0, device="cpu", dtype=torch.float32):
     t = torch.rand(shape, generator=rng, dtype=torch.float64) * (hi - lo) + lo
     return t.to(device=device, dtype=dtype)

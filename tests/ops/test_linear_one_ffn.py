@@ -9,7 +9,7 @@ import test_linear_one_chain
 import test_linear_one_slabs
 import test_mm8
 import torch
-from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform
+from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform, with_threads
 
 from rwkv import ops
 from rwkv.ops import _testing
@@ -130,12 +130,5 @@ def test_ffn_thread_split(threads, kind, dtype, rng):
         y = ops.mm8_one_i16(ys[-1], w[-1], *side[s:]) if kind == "int8" else ops.linear_one(ys[-1], w[-1])
         return residual + ys[gate] * y
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        want = reference()
-        torch.set_num_threads(threads)
-        got = fn(x, w, side, act, residual, gate)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(got, want)
+    want = with_threads(1, reference)
+    assert torch.equal(with_threads(threads, lambda: fn(x, w, side, act, residual, gate)), want)

@@ -9,7 +9,7 @@ import test_linear_one
 import test_linear_one_slabs
 import test_mm8
 import torch
-from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform
+from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform, with_threads
 
 from rwkv import ops
 from rwkv.ops import _testing
@@ -137,15 +137,6 @@ def test_rejects(impl, case, rng):
         gate = gate.half()
     with pytest.raises(RuntimeError, match=REJECT_CASES[case]):
         fn(x, w, side, 0, residual, gate)
-
-
-def with_threads(threads, f):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return f()
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
