@@ -29,14 +29,22 @@ constexpr int64_t kAtenConvertFrom = 1 << 15;
 // The fp32 values y (contiguous, of shape `sizes`) as a new tensor of dtype dt (not fp32): bf16
 // rounded to nearest even by the bf16_round kernel when short, else (or for other dtypes) ATen's
 // .to().
-inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt) {
-  at::Tensor out = pooled_empty(sizes, dt);
+inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt);
+
+// The fp32 values y (contiguous, as many as out holds) written into out (contiguous, not fp32),
+// rounded as narrowed_values rounds them.
+inline void narrow_into(const float* y, const at::Tensor& out) {
   const int64_t n = out.numel();
-  if (dt != at::kBFloat16 || n >= kAtenConvertFrom) {
-    out.copy_(at::from_blob(const_cast<float*>(y), sizes, at::kFloat));
-    return out;
+  if (out.scalar_type() != at::kBFloat16 || n >= kAtenConvertFrom) {
+    out.copy_(at::from_blob(const_cast<float*>(y), out.sizes(), at::kFloat));
+    return;
   }
   kernels().bf16_round(n, y, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()));
+}
+
+inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt) {
+  at::Tensor out = pooled_empty(sizes, dt);
+  narrow_into(y, out);
   return out;
 }
 
@@ -55,8 +63,21 @@ class Fp32Result {
  public:
   Fp32Result() = default;
   // room: as many floats as sizes holds, where in_room() allows it; nullptr: an fp32 tensor.
-  Fp32Result(at::IntArrayRef sizes, at::ScalarType dt, float* room)
-      : sizes_(sizes.begin(), sizes.end()), dt_(dt) {
+  // into: a contiguous tensor of `sizes` in dt that takes the result (a planned op's, reused
+  // between its calls), or nullptr for a new tensor.
+  Fp32Result(at::IntArrayRef sizes, at::ScalarType dt, float* room,
+             const at::Tensor* into = nullptr)
+      : sizes_(sizes.begin(), sizes.end()), dt_(dt), into_(into) {
+    if (into != nullptr) {
+      TORCH_CHECK(into->scalar_type() == dt && into->sizes() == sizes && into->is_contiguous(),
+                  "Fp32Result: the tensor to write into must be a contiguous ", sizes, " ",
+                  c10::toString(dt), " tensor, got ", into->sizes(), " ",
+                  c10::toString(into->scalar_type()));
+      if (dt == at::kFloat) {
+        p_ = into->data_ptr<float>();  // computed in place
+        return;
+      }
+    }
     if (room == nullptr) {
       t_ = pooled_empty(sizes_, at::kFloat);
       room = t_.data_ptr<float>();
@@ -70,12 +91,17 @@ class Fp32Result {
   float* data() const { return p_; }
   // The result in dt.
   at::Tensor take() const {
+    if (into_ != nullptr) {
+      if (dt_ != at::kFloat) narrow_into(p_, *into_);
+      return *into_;
+    }
     return t_.defined() ? narrowed(t_, dt_) : narrowed_values(p_, sizes_, dt_);
   }
 
  private:
   c10::SmallVector<int64_t, 4> sizes_;  // no heap allocation (one per product while decoding)
   at::ScalarType dt_ = at::kFloat;
+  const at::Tensor* into_ = nullptr;
   at::Tensor t_;
   float* p_ = nullptr;
 };

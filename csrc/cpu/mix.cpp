@@ -23,6 +23,7 @@
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
+#include "cpu/into.h"
 #include "cpu/parallel.h"
 #include "cpu/pooled.h"
 #include "cpu/product_columns.h"
@@ -36,11 +37,13 @@ namespace {
 class MixResults {
  public:
   // room: (n * T * C floats) where result_room() gave some, else nullptr (fp32 tensors).
-  MixResults(int64_t n, int64_t T, int64_t C, at::ScalarType dt, float* room, bool split) {
+  // into: (split) the tensors results i take (into.h), where given.
+  MixResults(int64_t n, int64_t T, int64_t C, at::ScalarType dt, float* room, bool split,
+             Into into = {}) {
     if (!split) parts_.emplace_back(at::IntArrayRef{n, T, C}, dt, room);
     for (int64_t i = 0; i < n; ++i) {
       float* mem = room != nullptr ? room + i * T * C : nullptr;
-      if (split) parts_.emplace_back(at::IntArrayRef{T, C}, dt, mem);
+      if (split) parts_.emplace_back(at::IntArrayRef{T, C}, dt, mem, into_at(into, i));
       ptrs_.push_back(split ? parts_.back().data() : parts_[0].data() + i * T * C);
     }
   }
@@ -67,17 +70,19 @@ at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt) {
 // shift state (xx's last row; sx's values when T is 0), the n mixes [T, C] as separate tensors].
 // While decoding, the selects and the unbind that split ln_mix's results cost ~5-20 us each
 // (torch's code and data flushed from the caches by the weights).
+// into (split only): ln_mix_split's results (into.h).
 std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
                                    const at::Tensor& b, const at::Tensor& mix, bool lerp,
-                                   double eps, bool split) {
+                                   double eps, bool split, Into into = {}) {
   const LnMixDims d = check_ln_mix(x, sx, w, b, mix, split ? "ln_mix_split" : "ln_mix");
   Fp32Inputs in32(d.T, x.numel() + sx.numel());
   const float *xp = in32(x), *sxp = in32(sx);
   const at::Tensor wc = w.contiguous(), bc = b.contiguous(), mc = mix.contiguous();
   const at::ScalarType dt = x.scalar_type();
   float* room = result_room(d.T, (d.n + 1) * d.C, dt);
-  const Fp32Result xx({d.T, d.C}, dt, room);
-  const MixResults out(d.n, d.T, d.C, dt, room != nullptr ? room + d.C : nullptr, split);
+  const Fp32Result xx({d.T, d.C}, dt, room, into_at(into, 0));
+  const MixResults out(d.n, d.T, d.C, dt, room != nullptr ? room + d.C : nullptr, split,
+                       into.size() > 2 ? into.slice(2) : Into());
   const KernelTable& kt = kernels();
   float* xxp = xx.data();
   const auto norm = [&](int64_t t0, int64_t t1) {
@@ -195,9 +200,12 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
 // maa_mix_split made two calls and three regions; a static split, since each thread's range is
 // then one run of w1 and one of w2 (against half-mixes taken one at a time by for_blocks: 1.5b
 // RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md).
-std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
-                                     const at::Tensor& xw, const at::Tensor& w1,
-                                     const at::Tensor& w2, const at::Tensor& maa) {
+}  // namespace
+
+std::vector<at::Tensor> maa_lora_one_into(const at::Tensor& xx, const at::Tensor& sx,
+                                          const at::Tensor& xw, const at::Tensor& w1,
+                                          const at::Tensor& w2, const at::Tensor& maa,
+                                          Into into) {
   const MaaMixDims d = check_maa_lora_one(xx, sx, xw, w1, w2, maa);
   const KernelTable& kt = kernels();
   const at::ScalarType dt = xx.scalar_type();
@@ -205,7 +213,7 @@ std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
   const float *xp = in32(xx), *sxp = in32(sx);
   const at::Tensor w2c = w2.contiguous(), mc = maa.contiguous();
   const bool bf16_w2 = w2c.scalar_type() == at::kBFloat16;
-  MixResults out(d.n, 1, d.C, dt, result_room(1, d.n * d.C, dt), true);
+  MixResults out(d.n, 1, d.C, dt, result_room(1, d.n * d.C, dt), true, into);
   const int64_t nD = d.n * d.D, h = (d.D + 1) / 2;
   // This thread's buffers (the workers use them through the pointers): xw in fp32, z, tanh(z),
   // the half sums [2n, C].
@@ -250,6 +258,21 @@ std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
   std::vector<at::Tensor> res;
   out.take_into(res);
   return res;
+}
+
+std::vector<at::Tensor> ln_mix_split_into(const at::Tensor& x, const at::Tensor& sx,
+                                          const at::Tensor& w, const at::Tensor& b,
+                                          const at::Tensor& mix, bool lerp, double eps,
+                                          Into into) {
+  return run_ln_mix(x, sx, w, b, mix, lerp, eps, true, into);
+}
+
+namespace {
+
+std::vector<at::Tensor> maa_lora_one(const at::Tensor& xx, const at::Tensor& sx,
+                                     const at::Tensor& xw, const at::Tensor& w1,
+                                     const at::Tensor& w2, const at::Tensor& maa) {
+  return maa_lora_one_into(xx, sx, xw, w1, w2, maa, {});
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "cpu/mm8_prepare.h"
 #include "cpu/parallel.h"
 #include "cpu/pooled.h"
+#include "cpu/product_step.h"
 
 namespace rwkv {
 namespace cpu {
@@ -53,6 +54,7 @@ struct Product {
   Act act;
   int64_t N = 0, M = 0, S = 1;
   Fp32Result y;                   // [M] or [1, M] as x, returned in x's dtype
+  const at::Tensor* out = nullptr;  // where y goes (a planned op's reused result), or a new tensor
   at::Tensor xb;                  // bf16 weights on ISAs with bf16 dots: x itself, contiguous
   at::Tensor q, mx32, rx32, ry32, my32;  // int8: w column-major, the side tensors in fp32
 
@@ -135,45 +137,34 @@ void check_product(const char* op, Product& pr, bool slabs = false) {
   }
 }
 
-// Prepares checked products (the serial part; int8 activations later, prepare_int8), then
-// computes every output column, threaded. Returns each y in its x's dtype. (Small arrays, not
-// heap vectors: while decoding, each allocation here is a measurable cost per call.)
-Outputs run_products(Products prs) {
-  // This thread's scratch: each x in fp32 (where it is not contiguous fp32 already), int8 parts'
-  // xs and sums, their int16 rounding of xs, and the results of slabs after the first.
-  int64_t floats = 0, shorts = 0;
-  size_t n_parts = 0;
-  for (const Product& pr : prs) {
-    n_parts += pr.S;
-    floats += pr.N + (pr.S - 1) * pr.M + (Fp32Result::in_room(pr.M, pr.x_dtype()) ? pr.M : 0);
-    if (pr.int8()) {
-      floats += pr.S * mm8_one_token_floats(pr.K());
-      shorts += pr.S * padded(pr.K());
-    }
-  }
-  thread_local Scratch float_buf, short_buf;
-  float* fp = float_buf.get<float>(floats);
-  int16_t* sp = short_buf.get<int16_t>(shorts);
-  const KernelTable& kt = kernels();
+// What running checked products derives from their weights and shapes alone: their parts (each
+// x, y and int8 scratch still unset), each part's columns and bytes, and the scratch sizes. A
+// planned op (the one-token plan) keeps it between calls.
+struct Layout {
   c10::SmallVector<Part, 8> parts;
-  parts.reserve(n_parts);
+  c10::SmallVector<int64_t, 16> columns, bytes;
+  c10::SmallVector<uint8_t, 8> bf16x;  // per product: x read as bf16 (else fp32)
+  int64_t floats = 0, shorts = 0;
+};
+
+// Lays out checked products (the int8 ones' side tensors in fp32 and w in column-major order
+// are made here, held by the products).
+Layout lay_out(Products prs) {
+  Layout L;
+  const KernelTable& kt = kernels();
+  // This thread's scratch (run_laid_out): each x in fp32 (where it is not contiguous fp32
+  // already), int8 parts' xs and sums, their int16 rounding of xs, and the results of slabs
+  // after the first.
   for (size_t i = 0; i < prs.size(); ++i) {
     Product& pr = prs[i];
-    // bf16 weights (and so bf16 x) on an ISA with bf16 dots: x as it is; otherwise fp32.
-    const bool bf16x = kt.linear_one_bf16x != nullptr && !pr.int8() &&
-                       pr.w->scalar_type() == at::kBFloat16;
-    const float* x = nullptr;
-    const uint16_t* xb = nullptr;
-    if (bf16x) {
-      pr.xb = pr.x->contiguous();
-      xb = reinterpret_cast<const uint16_t*>(pr.xb.data_ptr<at::BFloat16>());
-    } else {
-      x = fp32_values(*pr.x, fp);
-      fp += pr.N;
+    L.floats += pr.N + (pr.S - 1) * pr.M + (Fp32Result::in_room(pr.M, pr.x_dtype()) ? pr.M : 0);
+    if (pr.int8()) {
+      L.floats += pr.S * mm8_one_token_floats(pr.K());
+      L.shorts += pr.S * padded(pr.K());
     }
-    float* room = Fp32Result::in_room(pr.M, pr.x_dtype()) ? fp : nullptr;
-    if (room != nullptr) fp += pr.M;
-    pr.y = Fp32Result(one_row_shape(*pr.x, pr.M), pr.x_dtype(), room);
+    // bf16 weights (and so bf16 x) on an ISA with bf16 dots: x as it is; otherwise fp32.
+    L.bf16x.push_back(kt.linear_one_bf16x != nullptr && !pr.int8() &&
+                      pr.w->scalar_type() == at::kBFloat16);
     const int64_t K = pr.K();
     const char* w = static_cast<const char*>(pr.w->data_ptr());
     const int64_t slab_bytes = pr.w->dim() == 3 ? pr.w->stride(0) * pr.w->element_size() : 0;
@@ -194,7 +185,49 @@ Outputs run_products(Products prs) {
       pt.K = K;
       pt.f32w = pr.w->scalar_type() == at::kFloat;
       pt.w = w + s * slab_bytes;
-      if (bf16x) {
+      if (pr.int8()) {
+        pt.ry = pr.ry32.data_ptr<float>() + s * K;
+        pt.my = pr.my32.data_ptr<float>() + s * K;
+        pt.rx = pr.rx32.data_ptr<float>();
+        pt.mx = pr.mx32.data_ptr<float>();
+      }
+      L.parts.push_back(pt);
+      L.columns.push_back(pr.M);
+      L.bytes.push_back(K * (pr.int8() ? 1 : static_cast<int64_t>(pr.w->element_size())));
+    }
+  }
+  return L;
+}
+
+// Runs laid-out products on their x (the serial part: x in fp32 or bf16, the results' memory;
+// int8 activations later, prepare_int8), then computes every output column, threaded. Returns
+// each y in its x's dtype. (Small arrays, not heap vectors: while decoding, each allocation here
+// is a measurable cost per call.)
+Outputs run_laid_out(Products prs, const Layout& L) {
+  thread_local Scratch float_buf, short_buf;
+  float* fp = float_buf.get<float>(L.floats);
+  int16_t* sp = short_buf.get<int16_t>(L.shorts);
+  const KernelTable& kt = kernels();
+  c10::SmallVector<Part, 8> parts(L.parts.begin(), L.parts.end());
+  size_t next = 0;  // the first part of product i
+  for (size_t i = 0; i < prs.size(); ++i) {
+    Product& pr = prs[i];
+    const float* x = nullptr;
+    const uint16_t* xb = nullptr;
+    if (L.bf16x[i]) {
+      pr.xb = pr.x->contiguous();
+      xb = reinterpret_cast<const uint16_t*>(pr.xb.data_ptr<at::BFloat16>());
+    } else {
+      x = fp32_values(*pr.x, fp);
+      fp += pr.N;
+    }
+    float* room = Fp32Result::in_room(pr.M, pr.x_dtype()) ? fp : nullptr;
+    if (room != nullptr) fp += pr.M;
+    pr.y = Fp32Result(one_row_shape(*pr.x, pr.M), pr.x_dtype(), room, pr.out);
+    const int64_t K = pr.K();
+    for (int64_t s = 0; s < pr.S; ++s) {
+      Part& pt = parts[next + s];
+      if (L.bf16x[i]) {
         pt.xb = xb + s * K;
       } else {
         pt.x = x + s * K;
@@ -208,28 +241,18 @@ Outputs run_products(Products prs) {
       if (pr.int8()) {
         pt.xs = fp;
         pt.xq = sp;
-        pt.ry = pr.ry32.data_ptr<float>() + s * K;
-        pt.my = pr.my32.data_ptr<float>() + s * K;
-        pt.rx = pr.rx32.data_ptr<float>();
-        pt.mx = pr.mx32.data_ptr<float>();
         fp += mm8_one_token_floats(K);
         sp += padded(K);
       }
-      parts.push_back(pt);
     }
+    next += pr.S;
   }
   // Each part's preparation state (prepare_int8).
   SmallArray<std::atomic<int>> ready(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) ready[i].store(0, std::memory_order_relaxed);
-  c10::SmallVector<int64_t, 16> columns, bytes;
-  for (const Part& pt : parts) {
-    const Product& pr = prs[pt.product];
-    columns.push_back(pr.M);
-    bytes.push_back(pt.K * (pr.int8() ? 1 : static_cast<int64_t>(pr.w->element_size())));
-  }
   const bool sequential = read_sequential();
   // Blocks of 16 columns keep the kernels' column groups whole.
-  for_member_blocks(columns, bytes, 16, [&](size_t i, int64_t m0, int64_t m1) {
+  for_member_blocks(L.columns, L.bytes, 16, [&](size_t i, int64_t m0, int64_t m1) {
     const Part& pt = parts[i];
     const Product& pr = prs[pt.product];
     if (pr.int8()) {
@@ -269,6 +292,9 @@ Outputs run_products(Products prs) {
   for (const Product& pr : prs) out.push_back(pr.y.take());
   return out;
 }
+
+// Lays out checked products and runs them (one call's).
+Outputs run_products(Products prs) { return run_laid_out(prs, lay_out(prs)); }
 
 at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w, int64_t act) {
   Product prs[] = {{&x, &w, nullptr, Act::none}};
@@ -476,7 +502,168 @@ at::Tensor linear_one_ffn(at::TensorList x, at::TensorList w, at::TensorList sid
   return y;
 }
 
+// The planned form of the group, chain, residual and ffn ops (product_step.h). The first call
+// is the op's own call (all its checks); the products are then checked again and laid out from
+// that call's arguments (a chain's or ffn's second products from the first's results) and kept.
+// Later calls run the laid-out products (run_laid_out, as the op does) on their x.
+class PlannedProducts final : public ProductStep {
+ public:
+  enum Kind { kGroup, kChain, kResidual, kFfn };
+  PlannedProducts(Kind kind, const char* op, bool reuse) : kind_(kind), op_(op), reuse_(reuse) {}
+
+  std::vector<at::Tensor> run(const Call& c) override {
+    if (!planned_ || !still_valid()) return first_call(c);
+    TORCH_CHECK(c.x.size() == first_.size() && c.w.data() == w_data_ &&
+                    c.side.data() == side_data_,
+                op_, " (planned): called with other weights or another number of products");
+    for (size_t i = 0; i < first_.size(); ++i) {
+      TORCH_CHECK(c.x[i].scalar_type() == x_dtype_[i] && c.x[i].sizes() == x_sizes_[i], op_,
+                  " (planned): x[", i, "] must keep its first call's dtype and shape (",
+                  dtype_name(x_dtype_[i]), ", ", at::IntArrayRef(x_sizes_[i]), "), got ",
+                  dtype_name(c.x[i].scalar_type()), ", ", c.x[i].sizes());
+      first_[i].x = &c.x[i];
+      first_[i].out = out1_.empty() ? nullptr : &out1_[i];
+    }
+    Outputs y1 = run_laid_out({first_.data(), first_.size()}, l1_);
+    Outputs y2;
+    for (size_t j = 0; j < second_.size(); ++j) {
+      second_[j].x = &y1[kind_ == kChain ? static_cast<size_t>(c.src[j]) : y1.size() - 1];
+      second_[j].out = out2_.empty() ? nullptr : &out2_[j];
+    }
+    if (!second_.empty()) y2 = run_laid_out({second_.data(), second_.size()}, l2_);
+    if (kind_ == kResidual) {
+      check_residual(op_, c.x[0], first_[0].M, *c.residual, c.gate);
+      apply_residual(y1[0], *c.residual, c.gate);
+    } else if (kind_ == kFfn) {
+      const at::Tensor* g = c.gate_index >= 0 ? &y1[static_cast<size_t>(c.gate_index)] : nullptr;
+      check_residual(op_, y1.back(), second_[0].M, *c.residual, g);
+      apply_residual(y2[0], *c.residual, g);
+      return {y2[0]};
+    }
+    std::vector<at::Tensor> out(y1.begin(), y1.end());
+    out.insert(out.end(), y2.begin(), y2.end());
+    return out;
+  }
+
+ private:
+  // Whether the layouts still hold: the same instruction set (a layout reads x as bf16 where the
+  // ISA has bf16 dots) and the weights where they were laid out (a tensor whose storage was
+  // replaced since, with set_(), would leave the layout pointing at memory no longer its own).
+  bool still_valid() const {
+    if (&kernels() != kt_) return false;
+    size_t i = 0;
+    for (const auto* prs : {&first_, &second_}) {
+      for (const Product& pr : *prs) {
+        if (pr.w->data_ptr() != data_[i++]) return false;
+        for (int k = 0; pr.int8() && k < 4; ++k) {
+          if (pr.side[k].data_ptr() != data_[i++]) return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // The op's own call, then the plan from its arguments and results (again where a layout no
+  // longer holds, still_valid).
+  std::vector<at::Tensor> first_call(const Call& c) {
+    planned_ = false;
+    first_.clear();
+    second_.clear();
+    x_dtype_.clear();
+    x_sizes_.clear();
+    out1_.clear();
+    out2_.clear();
+    data_.clear();
+    std::vector<at::Tensor> res;
+    if (kind_ == kGroup) {
+      res = linear_one_group(c.x, c.w, c.side, c.act);
+    } else if (kind_ == kChain) {
+      res = linear_one_chain(c.x, c.w, c.side, c.act, c.src);
+    } else if (kind_ == kResidual) {
+      const std::optional<at::Tensor> gate =
+          c.gate != nullptr ? std::optional<at::Tensor>(*c.gate) : std::nullopt;
+      res = {linear_one_residual(c.x[0], c.w[0], c.side, c.act[0], *c.residual, gate)};
+    } else {
+      res = {linear_one_ffn(c.x, c.w, c.side, c.act, *c.residual, c.gate_index)};
+    }
+    w_data_ = c.w.data();
+    side_data_ = c.side.data();
+    for (const at::Tensor& t : c.x) {
+      x_dtype_.push_back(t.scalar_type());
+      x_sizes_.emplace_back(t.sizes().begin(), t.sizes().end());
+    }
+    size_t s = 0;
+    if (kind_ == kResidual) {
+      first_.push_back(one_product(op_, c.x[0], c.w[0], c.side, c.act[0], c.w[0].dim() == 3));
+    } else {
+      c10::SmallVector<const at::Tensor*, 8> xs;
+      for (const at::Tensor& t : c.x) xs.push_back(&t);
+      add_products(op_, first_, xs.data(), c.w, c.side, c.act, 0, c.x.size(), &s);
+    }
+    l1_ = lay_out({first_.data(), first_.size()});
+    const size_t n = c.x.size();
+    if (kind_ == kChain) {
+      c10::SmallVector<const at::Tensor*, 8> xs;
+      for (const int64_t j : c.src) xs.push_back(&res[static_cast<size_t>(j)]);
+      add_products(op_, second_, xs.data(), c.w, c.side, c.act, n, c.src.size(), &s);
+    } else if (kind_ == kFfn) {
+      // The group's results stay inside the op: always in tensors of its own.
+      for (const Product& pr : first_) {
+        const RowShape shape = one_row_shape(*pr.x, pr.M);
+        out1_.push_back(pooled_empty(at::IntArrayRef(shape.data(), shape.size()), pr.x_dtype()));
+      }
+      second_.push_back(one_product(op_, out1_[n - 1], c.w[n], c.side.slice(s), 0,
+                                    c.w[n].dim() == 3));
+    }
+    if (!second_.empty()) l2_ = lay_out({second_.data(), second_.size()});
+    kt_ = &kernels();
+    for (const auto* prs : {&first_, &second_}) {
+      for (const Product& pr : *prs) {
+        data_.push_back(pr.w->data_ptr());
+        for (int k = 0; pr.int8() && k < 4; ++k) data_.push_back(pr.side[k].data_ptr());
+      }
+    }
+    if (reuse_) {
+      if (kind_ == kFfn) {
+        out2_ = {res[0]};
+      } else {
+        out1_.assign(res.begin(), res.begin() + static_cast<std::ptrdiff_t>(first_.size()));
+        out2_.assign(res.begin() + static_cast<std::ptrdiff_t>(first_.size()), res.end());
+      }
+    }
+    planned_ = true;
+    return res;
+  }
+
+  Kind kind_;
+  const char* op_;
+  bool reuse_;
+  bool planned_ = false;
+  const KernelTable* kt_ = nullptr;  // the kernels the layouts were made for
+  c10::SmallVector<const void*, 32> data_;  // each product's w and side tensors' memory then
+  const at::Tensor* w_data_ = nullptr;
+  const at::Tensor* side_data_ = nullptr;
+  c10::SmallVector<at::ScalarType, 8> x_dtype_;
+  c10::SmallVector<c10::SmallVector<int64_t, 2>, 8> x_sizes_;
+  c10::SmallVector<Product, 8> first_, second_;
+  Layout l1_, l2_;
+  std::vector<at::Tensor> out1_, out2_;  // the results' tensors, reused (empty: new ones)
+};
+
 }  // namespace
+
+std::unique_ptr<ProductStep> ProductStep::make(const std::string& op, bool reuse) {
+  using K = PlannedProducts;
+  if (op == "rwkv::linear_one_group")
+    return std::make_unique<K>(K::kGroup, "linear_one_group", reuse);
+  if (op == "rwkv::linear_one_chain")
+    return std::make_unique<K>(K::kChain, "linear_one_chain", reuse);
+  if (op == "rwkv::linear_one_residual")
+    return std::make_unique<K>(K::kResidual, "linear_one_residual", reuse);
+  if (op == "rwkv::linear_one_ffn") return std::make_unique<K>(K::kFfn, "linear_one_ffn", reuse);
+  return nullptr;
+}
+
 }  // namespace cpu
 }  // namespace rwkv
 

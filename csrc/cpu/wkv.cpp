@@ -14,6 +14,7 @@
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
+#include "cpu/into.h"
 #include "cpu/pooled.h"
 #include "cpu/scratch.h"
 
@@ -154,15 +155,18 @@ at::Tensor wkv7_forward(at::Tensor& state, const at::Tensor& r, const at::Tensor
   return y;
 }
 
-at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
-                      const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
-                      const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
+}  // namespace
+
+at::Tensor wkv6_block_into(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
+                           const at::Tensor& p, double eps,
+                           const c10::optional<at::Tensor>& state_in, Into into) {
   const WkvDims d = check_wkv6_block(state, r, k, v, w, g, p, state_in);
   // r, k, v, w and g in fp32 (bf16 ones widened; fp32 ones as they are where contiguous).
   Fp32Inputs in32(d.T, 5 * g.numel());
   const float *rp = in32(r), *kp = in32(k), *vp = in32(v), *wp = in32(w), *gp = in32(g);
   const at::ScalarType dt = g.scalar_type();
-  const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt));
+  const Fp32Result y({d.T, d.H * d.N}, dt, result_room(d.T, d.H * d.N, dt), into_at(into, 0));
   at::Tensor held;
   float* scratch = kernel_scratch(d.T, d.H * d.N, held);
   const KernelTable& kt = kernels();
@@ -174,11 +178,11 @@ at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
   return y.take();
 }
 
-at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
-                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-                      const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
-                      const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps,
-                      const c10::optional<at::Tensor>& state_in) {
+at::Tensor wkv7_block_into(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
+                           const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                           const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
+                           const c10::optional<at::Tensor>& v_gate, const at::Tensor& p,
+                           double eps, const c10::optional<at::Tensor>& state_in, Into into) {
   const WkvDims d = check_wkv7_block(state, r, w, k, v, a, g, v_first, v_gate, p, state_in);
   const int64_t C = d.H * d.N, n = d.T * C;
   // The activations in fp32 (r, w, k, v, a, g, then v_first and v_gate), and the kernel's
@@ -192,7 +196,7 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
     vgp = in32(*v_gate);
   }
   const at::ScalarType dt = r.scalar_type();
-  const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt));
+  const Fp32Result y({d.T, C}, dt, result_room(d.T, n, dt), into_at(into, 0));
   at::Tensor held;
   float* scratch = kernel_scratch(d.T, 6 * C, held);
   const KernelTable& kt = kernels();
@@ -203,6 +207,22 @@ at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& 
                   y.data());
   });
   return y.take();
+}
+
+namespace {
+
+at::Tensor wkv6_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& k,
+                      const at::Tensor& v, const at::Tensor& w, const at::Tensor& g,
+                      const at::Tensor& p, double eps, const c10::optional<at::Tensor>& state_in) {
+  return wkv6_block_into(state, r, k, v, w, g, p, eps, state_in, {});
+}
+
+at::Tensor wkv7_block(at::Tensor& state, const at::Tensor& r, const at::Tensor& w,
+                      const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                      const at::Tensor& g, const c10::optional<at::Tensor>& v_first,
+                      const c10::optional<at::Tensor>& v_gate, const at::Tensor& p, double eps,
+                      const c10::optional<at::Tensor>& state_in) {
+  return wkv7_block_into(state, r, w, k, v, a, g, v_first, v_gate, p, eps, state_in, {});
 }
 
 // The new matrix state a block op writes (the schema's comment, rwkv/ops/_schemas.py): memory

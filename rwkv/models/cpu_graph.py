@@ -18,6 +18,15 @@ safety net, the trace is refused when the tracer warns of any Python use of a te
 when the graph's first run differs from the traced run in any bit; the model then stays on the
 op-by-op path (with a warning when the graph was asked for explicitly).
 
+The graph then runs as a **one-token plan** (``torch.classes.rwkv.OneTokenPlan``,
+csrc/cpu/token_plan.cpp; ``encode_plan`` turns the graph into its program): the graph's op calls in
+order, each op's CPU kernel called directly with its constant arguments built once, instead of
+TorchScript's interpreter and the dispatcher; the product ops keep their checks and layout from
+their first call (csrc/cpu/product_step.h) and, with the block and mix ops, write the results that
+nothing reads after the token into the same tensors every token (csrc/cpu/into.h). The plan is kept
+only when its first two runs (the second one on the planned products) give the traced run's results
+bit for bit; otherwise the TorchScript function runs the graph (``plan_failed`` says why).
+
 Supported: every layer and the head on CPU, compiled kernels. ``cpu_graph=True`` on another
 strategy raises ``ValueError``; the default (None) quietly uses it where supported. Sequence calls
 (more than one token) always take the op-by-op path.
@@ -129,6 +138,125 @@ def list_output(graph) -> None:
     tup.destroy()
 
 
+class UnsupportedGraph(RuntimeError):
+    """The traced graph has a node the one-token plan cannot express (the graph then runs as a
+    TorchScript function)."""
+
+
+# Argument tags of the plan's program (csrc/cpu/token_plan.cpp).
+_TENSOR, _TENSOR_LIST, _INT, _INT_LIST, _FLOAT, _BOOL, _NONE = range(7)
+
+
+def encode_plan(graph) -> tuple:
+    """The traced graph (after bind_params and list_output) as the program of a
+    ``torch.classes.rwkv.OneTokenPlan``: (constants, program, floats, op names); the format is in
+    csrc/cpu/token_plan.cpp. Its nodes must be constants, list constructions, unpackings of an
+    op's list result, and op calls; anything else raises UnsupportedGraph."""
+    inputs = list(graph.inputs())
+    slot = {v.unique(): i for i, v in enumerate(inputs)}  # values of the call -> slots
+    known: dict = {}  # constants and constructed lists, by value
+    consts: list = []
+    const_index: dict = {}  # id(tensor) -> its index in consts
+    floats: list = []
+    names: list = []
+    steps: list = []
+    pending: dict = {}  # an op's Tensor[] result -> its step's outs, filled by the unpacking
+
+    def tensor_ref(v) -> int:
+        u = v.unique()
+        if u in slot:
+            return slot[u]
+        value = known.get(u)
+        if isinstance(value, torch.Tensor):
+            if id(value) not in const_index:
+                const_index[id(value)] = len(consts)
+                consts.append(value)
+            return -1 - const_index[id(value)]
+        raise UnsupportedGraph(f"value %{v.debugName()} is not a tensor the plan holds")
+
+    def scalar(value) -> list:
+        if value is None:
+            return [_NONE]
+        if isinstance(value, bool):
+            return [_BOOL, int(value)]
+        if isinstance(value, int):
+            return [_INT, value]
+        if isinstance(value, float):
+            floats.append(value)
+            return [_FLOAT, len(floats) - 1]
+        if isinstance(value, (list, tuple)) and all(type(i) is int for i in value):
+            return [_INT_LIST, len(value), *value]
+        raise UnsupportedGraph(f"constant {value!r} of type {type(value).__name__}")
+
+    def argument(v) -> list:
+        u = v.unique()
+        if u in slot or isinstance(known.get(u), torch.Tensor):
+            return [_TENSOR, tensor_ref(v)]
+        if u in known and isinstance(known[u], _Listed):
+            items = known[u].items
+            if v.type().isSubtypeOf(torch._C.ListType.ofTensors()):
+                return [_TENSOR_LIST, len(items), *(tensor_ref(i) for i in items)]
+            values = [known.get(i.unique(), _MISSING) for i in items]
+            return scalar(values)
+        if u in known:
+            return scalar(known[u])
+        raise UnsupportedGraph(f"argument %{v.debugName()} ({v.type()}) is not known")
+
+    def new_slot(v) -> int:
+        slot[v.unique()] = len(slot)
+        return slot[v.unique()]
+
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind == "prim::Constant":
+            known[node.output().unique()] = node.output().toIValue()
+        elif kind == "prim::ListConstruct":
+            known[node.output().unique()] = _Listed(list(node.inputs()))
+        elif kind == "prim::ListUnpack":
+            outs = pending.pop(node.input().unique(), None)
+            if outs is None or outs:
+                raise UnsupportedGraph("an unpacking of a list that is no op's result")
+            outs.extend(new_slot(o) for o in node.outputs())
+        elif "::" in kind and not kind.startswith("prim::"):
+            name = node.schema().split("(", 1)[0]
+            if name not in names:
+                names.append(name)
+            args = [a for v in node.inputs() for a in argument(v)]
+            outs: list = []
+            results = list(node.outputs())
+            if len(results) == 1 and results[0].type().isSubtypeOf(torch._C.ListType.ofTensors()):
+                pending[results[0].unique()] = outs
+            else:
+                outs.extend(new_slot(o) for o in results)
+            steps.append((names.index(name), node.inputsSize(), args, outs))
+        else:
+            raise UnsupportedGraph(f"node {kind}")
+    ret = graph.return_node().input().unique()
+    if not isinstance(known.get(ret), _Listed):
+        raise UnsupportedGraph("the graph does not return a list")
+    results = [tensor_ref(v) for v in known[ret].items]
+    code = [len(inputs), len(slot), len(steps)]
+    for op, n_args, args, outs in steps:
+        code += [op, n_args, *args, len(outs), *outs]
+    code += [len(results), *results]
+    return consts, code, floats, names
+
+
+class _Listed:
+    """A list the graph constructs (its values)."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+
+_MISSING = object()  # a list element that is no constant (an int list needs all of them)
+
+
+def build_plan(graph):
+    """The graph as a ``torch.classes.rwkv.OneTokenPlan`` (csrc/cpu/token_plan.cpp)."""
+    return torch.classes.rwkv.OneTokenPlan(*encode_plan(graph))
+
+
 class CPUGraphDecoder:
     """Runs one-token ``runtime.run`` calls as a graph traced on the first one (module docstring)."""
 
@@ -137,11 +265,13 @@ class CPUGraphDecoder:
         self.explicit = explicit  # asked for with cpu_graph=True: say so when it cannot be used
         self.fn = None
         self.failed: str | None = None  # why the trace was refused (then the op-by-op path runs)
+        self.plan = None  # the graph as a OneTokenPlan, which runs it when it could be built
+        self.plan_failed: str | None = None  # why not (then the TorchScript function runs)
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the graph out (a traced function cannot be pickled, and it
         holds the original's weights); they trace their own on their first one-token call."""
-        return {**self.__dict__, "fn": None}
+        return {**self.__dict__, "fn": None, "plan": None}
 
     def forward_one(self, token: int, state: list):
         """token: a range-checked id; state: a validated state list (never written). Returns
@@ -152,7 +282,10 @@ class CPUGraphDecoder:
             return self._trace(x, state)
         if self.fn is None:
             return self.rt.run(x, state, False)
-        out = self.fn(x, *state)  # [logits, *new state]
+        if self.plan is not None:
+            out = self.plan.run(x, state)  # [logits, *new state]
+        else:
+            out = self.fn(x, *state)
         return out[0], out[1:]
 
     def _trace(self, x: torch.Tensor, state: list):
@@ -191,4 +324,22 @@ class CPUGraphDecoder:
                               "decoding runs op by op", RuntimeWarning, stacklevel=4)
             return rt.run(x, state, False)
         self.fn = fn
+        self._plan(graph, x, state, traced)
         return traced[0], list(traced[1:])
+
+    def _plan(self, graph, x: torch.Tensor, state: list, traced: tuple) -> None:
+        """Builds the OneTokenPlan of the graph and keeps it when its first run gives the traced
+        run's results, bit for bit; otherwise the TorchScript function stays (plan_failed says
+        why)."""
+        try:
+            plan = build_plan(graph)
+            # Twice: its planned steps run the ops themselves the first time, and from then on
+            # their laid-out products (csrc/cpu/product_step.h).
+            for run in ("first", "second"):
+                again = plan.run(x, state)
+                if len(again) != len(traced) or not all(torch.equal(a, b) for a, b in zip(again, traced)):
+                    raise RuntimeError(f"the plan's {run} run differs from the op-by-op run")
+        except Exception as e:  # the TorchScript function is as valid
+            self.plan_failed = f"{type(e).__name__}: {e}"
+            return
+        self.plan = plan

@@ -1,0 +1,590 @@
+// The one-token plan (torch.classes.rwkv.OneTokenPlan): a traced one-token graph
+// (rwkv/models/cpu_graph.py) as a list of op calls, run without TorchScript's interpreter.
+//
+// Why: while decoding a 1.5b model on CPU, the interpreter and the dispatcher between the ops
+// cost ~1 ms a token (benchmarks/RESULTS.md, thirtieth session): every call builds its list
+// arguments anew (a product group's weights and their side tensors, 20-30 tensors), boxes them
+// into IValues, passes our Autograd kernel and unboxes them again, each step touching memory
+// that the weights streamed in between have evicted from the caches. A plan builds each call's
+// constant arguments once (its weight lists stay built) and calls the op's CPU kernel directly,
+// unboxed (the dispatcher's typed redispatch to the CPU key: the very function the graph's call
+// ends in, so the results are the same bits). Ops without a typed entry here (torch's own, and
+// rwkv ops no one-token model path calls) are called boxed through the dispatcher, as the
+// interpreter calls them.
+//
+// The program comes from Python (cpu_graph.encode_plan) as flat integers, built from a graph
+// whose nodes are constants, list constructions and unpackings, and op calls:
+//   [n_inputs, n_slots, n_steps, step..., n_results, ref...]
+//   step: [op index, n_args, arg..., n_outs, slot...]
+//   arg:  0 ref (a tensor) | 1 n ref... (a tensor list) | 2 v (an int) | 3 n v... (an int list)
+//       | 4 i (the float floats[i]) | 5 v (a bool) | 6 (None)
+//   ref:  >= 0 a slot (0: x, 1..n_inputs-1: the state, then the steps' results); < 0 the
+//         constant consts[-ref - 1]
+// A step's slots take its results in order (a Tensor[] result: its elements, as the graph's
+// unpacking of it). Each slot is released after the step that uses it last, as the interpreter
+// frees values, so the ops' block pool gets memory back within the token.
+//
+// Two more savings, both keeping the op's computation: the product ops run as planned products
+// (product_step.h: checks and layout kept from the first call), and where no result of a step
+// can be read after the token (none is a result of the graph, and only typed steps, rwkv ops
+// that never return an input or a view of one, read them), the step writes its results into the
+// same tensors every token (its first call's; into.h). A plan runs one call at a time (a lock):
+// those steps keep state between calls.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu/into.h"
+#include "cpu/product_step.h"
+
+namespace rwkv {
+namespace cpu {
+namespace {
+
+using Env = std::vector<at::Tensor>;
+
+enum Tag : int64_t { kTensor, kTensorList, kInt, kIntList, kFloat, kBool, kNone, kTags };
+
+// One argument of a step, as the program gives it.
+struct Arg {
+  int64_t tag = kNone;
+  int64_t ref = 0;                 // kTensor
+  std::vector<int64_t> refs;       // kTensorList
+  bool all_constant = false;       // kTensorList: every element a constant, held in `fixed`
+  std::vector<at::Tensor> fixed;   // kTensorList: the constants (the list, when all_constant)
+  std::vector<int64_t> ints;       // kIntList
+  int64_t i = 0;                   // kInt
+  double f = 0.0;                  // kFloat
+  bool b = false;                  // kBool
+};
+
+struct Step;
+using Call = std::function<void(const Step&, const std::vector<at::Tensor>&, Env&)>;
+
+struct Step {
+  std::string op;               // its qualified name ("rwkv::ln_mix_split", "aten::to.dtype")
+  std::vector<Arg> args;
+  std::vector<int64_t> outs;    // the slots of its results
+  std::vector<int64_t> release; // slots whose last use is this step
+  Call call;
+  bool typed = false;           // its kernel called unboxed (typed_call), else boxed
+};
+
+// A step's arguments during one call: constants, this call's values and, for tensor lists with
+// values in them and optional tensors, this call's copies (one per argument position, since
+// the arguments of a call are evaluated in any order).
+class Args {
+ public:
+  Args(const Step& s, const std::vector<at::Tensor>& consts, Env& env)
+      : s_(s), consts_(consts), env_(env) {}
+
+  const at::Tensor& tensor(size_t k) const { return ref(s_.args[k].ref); }
+
+  at::Tensor& mut_tensor(size_t k) {
+    const int64_t r = s_.args[k].ref;
+    if (r >= 0) return env_[static_cast<size_t>(r)];
+    held_.push_back(ref(r));  // a constant (no model graph writes one): a handle of our own
+    return held_.back();
+  }
+
+  at::TensorList list(size_t k) {
+    const Arg& a = s_.args[k];
+    if (a.all_constant) return a.fixed;
+    c10::SmallVector<at::Tensor, 8>& v = lists_[k];
+    v.clear();
+    for (size_t j = 0; j < a.refs.size(); ++j)
+      v.push_back(a.refs[j] >= 0 ? env_[static_cast<size_t>(a.refs[j])] : a.fixed[j]);
+    return v;
+  }
+
+  const std::optional<at::Tensor>& optional(size_t k) {
+    std::optional<at::Tensor>& o = opts_[k];
+    if (s_.args[k].tag == kNone) {
+      o.reset();
+    } else {
+      o = tensor(k);
+    }
+    return o;
+  }
+
+ private:
+  const at::Tensor& ref(int64_t r) const {
+    return r >= 0 ? env_[static_cast<size_t>(r)] : consts_[static_cast<size_t>(-r - 1)];
+  }
+
+  const Step& s_;
+  const std::vector<at::Tensor>& consts_;
+  Env& env_;
+  static constexpr size_t kMaxArgs = 16;
+  std::array<c10::SmallVector<at::Tensor, 8>, kMaxArgs> lists_;
+  std::array<std::optional<at::Tensor>, kMaxArgs> opts_;
+  c10::SmallVector<at::Tensor, 2> held_;
+
+ public:
+  static constexpr size_t max_args() { return kMaxArgs; }
+};
+
+// Argument k of a typed call, converted to the kernel's parameter type P.
+template <class P>
+struct Get;
+template <>
+struct Get<const at::Tensor&> {
+  static const at::Tensor& get(Args& a, const Step&, size_t k) { return a.tensor(k); }
+};
+template <>
+struct Get<at::Tensor&> {
+  static at::Tensor& get(Args& a, const Step&, size_t k) { return a.mut_tensor(k); }
+};
+template <>
+struct Get<at::TensorList> {
+  static at::TensorList get(Args& a, const Step&, size_t k) { return a.list(k); }
+};
+template <>
+struct Get<const std::optional<at::Tensor>&> {
+  static const std::optional<at::Tensor>& get(Args& a, const Step&, size_t k) {
+    return a.optional(k);
+  }
+};
+template <>
+struct Get<c10::IntArrayRef> {
+  static c10::IntArrayRef get(Args&, const Step& s, size_t k) { return s.args[k].ints; }
+};
+template <>
+struct Get<int64_t> {
+  static int64_t get(Args&, const Step& s, size_t k) { return s.args[k].i; }
+};
+template <>
+struct Get<double> {
+  static double get(Args&, const Step& s, size_t k) { return s.args[k].f; }
+};
+template <>
+struct Get<bool> {
+  static bool get(Args&, const Step& s, size_t k) { return s.args[k].b; }
+};
+
+// The tags an argument of parameter type P may have.
+template <class P>
+bool accepts(int64_t tag);
+template <>
+bool accepts<const at::Tensor&>(int64_t tag) { return tag == kTensor; }
+template <>
+bool accepts<at::Tensor&>(int64_t tag) { return tag == kTensor; }
+template <>
+bool accepts<at::TensorList>(int64_t tag) { return tag == kTensorList; }
+template <>
+bool accepts<const std::optional<at::Tensor>&>(int64_t tag) { return tag == kTensor || tag == kNone; }
+template <>
+bool accepts<c10::IntArrayRef>(int64_t tag) { return tag == kIntList; }
+template <>
+bool accepts<int64_t>(int64_t tag) { return tag == kInt; }
+template <>
+bool accepts<double>(int64_t tag) { return tag == kFloat; }
+template <>
+bool accepts<bool>(int64_t tag) { return tag == kBool; }
+
+void store(const Step& s, Env& env, at::Tensor&& y) {
+  if (!s.outs.empty()) env[static_cast<size_t>(s.outs[0])] = std::move(y);
+}
+
+void store(const Step& s, Env& env, std::vector<at::Tensor>&& ys) {
+  TORCH_CHECK(ys.size() >= s.outs.size(), "OneTokenPlan: ", s.op, " returned ", ys.size(),
+              " tensors where the plan unpacks ", s.outs.size());
+  for (size_t j = 0; j < s.outs.size(); ++j) env[static_cast<size_t>(s.outs[j])] = std::move(ys[j]);
+}
+
+// A step calling the CPU kernel of op, whose C++ signature is Ret(P...), unboxed.
+template <class Sig>
+struct Typed;
+template <class Ret, class... P>
+struct Typed<Ret(P...)> {
+  template <size_t... K>
+  static Call make(const Step& s, std::index_sequence<K...>) {
+    TORCH_CHECK(s.args.size() == sizeof...(P), "OneTokenPlan: ", s.op, " takes ", sizeof...(P),
+                " arguments, the program gives ", s.args.size());
+    const bool ok[] = {true, accepts<P>(s.args[K].tag)...};
+    for (size_t k = 0; k < sizeof...(P); ++k)
+      TORCH_CHECK(ok[k + 1], "OneTokenPlan: argument ", k, " of ", s.op,
+                  " has the wrong kind in the program");
+    const c10::TypedOperatorHandle<Ret(P...)> op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(s.op.c_str(), "").typed<Ret(P...)>();
+    return [op](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
+      Args a(st, consts, env);
+      store(st, env,
+            op.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                          Get<P>::get(a, st, K)...));
+    };
+  }
+  static Call make(const Step& s) { return make(s, std::index_sequence_for<P...>{}); }
+};
+
+using T = const at::Tensor&;
+using TM = at::Tensor&;
+using TL = at::TensorList;
+using IL = c10::IntArrayRef;
+using OT = const std::optional<at::Tensor>&;
+using Vec = std::vector<at::Tensor>;
+
+// The rwkv ops of the one-token model paths, with their CPU kernels' C++ signatures (the
+// dispatcher checks each against the registered kernel when the plan is built).
+Call typed_call(const Step& s) {
+  const std::string& n = s.op;
+  if (n == "rwkv::ln_mix_split") return Typed<Vec(T, T, T, T, T, bool, double)>::make(s);
+  if (n == "rwkv::maa_lora_one") return Typed<Vec(T, T, T, T, T, T)>::make(s);
+  if (n == "rwkv::linear_one_chain") return Typed<Vec(TL, TL, TL, IL, IL)>::make(s);
+  if (n == "rwkv::linear_one_group") return Typed<Vec(TL, TL, TL, IL)>::make(s);
+  if (n == "rwkv::linear_one_ffn") return Typed<at::Tensor(TL, TL, TL, IL, T, int64_t)>::make(s);
+  if (n == "rwkv::linear_one_residual")
+    return Typed<at::Tensor(T, T, TL, int64_t, T, OT)>::make(s);
+  if (n == "rwkv::linear_one_slabs") return Typed<at::Tensor(T, T, TL, int64_t)>::make(s);
+  if (n == "rwkv::linear_one") return Typed<at::Tensor(T, T, int64_t)>::make(s);
+  if (n == "rwkv::mm8_one_i16") return Typed<at::Tensor(T, T, T, T, T, T, int64_t)>::make(s);
+  if (n == "rwkv::pooled_empty_like") return Typed<at::Tensor(T)>::make(s);
+  if (n == "rwkv::wkv4_block") return Typed<Vec(T, T, T, T, T, T, T, T)>::make(s);
+  if (n == "rwkv::wkv6_block") return Typed<at::Tensor(TM, T, T, T, T, T, T, double, OT)>::make(s);
+  if (n == "rwkv::wkv7_block")
+    return Typed<at::Tensor(TM, T, T, T, T, T, T, OT, OT, T, double, OT)>::make(s);
+  return nullptr;
+}
+
+// A typed op with an *_into form (into.h): its first call is the typed call; later calls write
+// the results that may be reused (reuse[j] for result j) into the first call's result tensors.
+template <class Sig>
+struct Reusing;
+template <class Ret, class... P>
+struct Reusing<Ret(P...)> {
+  using Fn = Ret (*)(P..., Into);
+  template <size_t... K>
+  static Call make(const Step& s, Fn fn, std::vector<bool> reuse, std::index_sequence<K...>) {
+    Call first = Typed<Ret(P...)>::make(s);
+    auto kept = std::make_shared<std::vector<at::Tensor>>();  // the results' tensors
+    return [fn, first, kept, reuse](const Step& st, const std::vector<at::Tensor>& consts,
+                                    Env& env) {
+      if (kept->empty()) {
+        first(st, consts, env);
+        kept->resize(st.outs.size());
+        for (size_t j = 0; j < st.outs.size(); ++j) {
+          if (reuse[j]) (*kept)[j] = env[static_cast<size_t>(st.outs[j])];
+        }
+        return;
+      }
+      c10::SmallVector<const at::Tensor*, 8> into;
+      for (const at::Tensor& t : *kept) into.push_back(t.defined() ? &t : nullptr);
+      Args a(st, consts, env);
+      store(st, env, fn(Get<P>::get(a, st, K)..., Into(into)));
+    };
+  }
+  static Call make(const Step& s, Fn fn, std::vector<bool> reuse) {
+    return make(s, fn, std::move(reuse), std::index_sequence_for<P...>{});
+  }
+};
+
+// The block and mix ops with an *_into form, reusing the results marked in reuse; nullptr for
+// other ops or where nothing is reused.
+Call reusing_call(const Step& s, const std::vector<bool>& reuse) {
+  bool any = false;
+  for (const bool r : reuse) any = any || r;
+  if (!any) return nullptr;
+  const std::string& n = s.op;
+  if (n == "rwkv::ln_mix_split")
+    return Reusing<Vec(T, T, T, T, T, bool, double)>::make(s, &ln_mix_split_into, reuse);
+  if (n == "rwkv::maa_lora_one")
+    return Reusing<Vec(T, T, T, T, T, T)>::make(s, &maa_lora_one_into, reuse);
+  if (n == "rwkv::wkv6_block")
+    return Reusing<at::Tensor(TM, T, T, T, T, T, T, double, OT)>::make(s, &wkv6_block_into, reuse);
+  if (n == "rwkv::wkv7_block")
+    return Reusing<at::Tensor(TM, T, T, T, T, T, T, OT, OT, T, double, OT)>::make(
+        s, &wkv7_block_into, reuse);
+  return nullptr;
+}
+
+// The group, chain, residual and ffn ops as planned products (product_step.h), where their weight
+// and side lists are the plan's constants; nullptr otherwise. reuse: see ProductStep.
+Call product_call(const Step& s, bool reuse) {
+  const bool residual = s.op == "rwkv::linear_one_residual";
+  const bool constant = residual ? s.args[1].ref < 0 && s.args[2].all_constant
+                                 : s.args[1].all_constant && s.args[2].all_constant;
+  std::shared_ptr<ProductStep> ps = ProductStep::make(s.op, reuse);
+  if (ps == nullptr || !constant) return nullptr;
+  const bool chain = s.op == "rwkv::linear_one_chain", ffn = s.op == "rwkv::linear_one_ffn";
+  return [ps, residual, chain, ffn](const Step& st, const std::vector<at::Tensor>& consts,
+                                    Env& env) {
+    Args a(st, consts, env);
+    ProductStep::Call c;
+    c.side = a.list(2);
+    if (residual) {
+      c.x = at::TensorList(a.tensor(0));
+      c.w = at::TensorList(a.tensor(1));
+      c.act = c10::IntArrayRef(st.args[3].i);
+      c.residual = &a.tensor(4);
+      c.gate = st.args[5].tag == kTensor ? &a.tensor(5) : nullptr;
+    } else {
+      c.x = a.list(0);
+      c.w = a.list(1);
+      c.act = st.args[3].ints;
+      if (chain) c.src = st.args[4].ints;
+      if (ffn) {
+        c.residual = &a.tensor(4);
+        c.gate_index = st.args[5].i;
+      }
+    }
+    store(st, env, ps->run(c));
+  };
+}
+
+// Any other op: called boxed through the dispatcher (all its keys), as the interpreter calls it.
+Call boxed_call(const Step& s) {
+  const size_t dot = s.op.find('.', s.op.find("::"));
+  const std::string name = s.op.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : s.op.substr(dot + 1);
+  const std::optional<c10::OperatorHandle> found =
+      c10::Dispatcher::singleton().findSchema({name, overload});
+  TORCH_CHECK_VALUE(found.has_value(), "OneTokenPlan: no op named ", s.op);
+  const c10::OperatorHandle op = *found;
+  const auto& want = op.schema().arguments();
+  TORCH_CHECK(want.size() == s.args.size(), "OneTokenPlan: ", s.op, " takes ", want.size(),
+              " arguments, the program gives ", s.args.size());
+  const auto& rets = op.schema().returns();
+  const bool one_list = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
+  TORCH_CHECK(one_list || s.outs.size() <= rets.size(), "OneTokenPlan: ", s.op, " returns ",
+              rets.size(), " values where the plan takes ", s.outs.size());
+  return [op, one_list](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
+    Args a(st, consts, env);
+    torch::jit::Stack stack;
+    stack.reserve(st.args.size());
+    for (size_t k = 0; k < st.args.size(); ++k) {
+      const Arg& g = st.args[k];
+      switch (g.tag) {
+        case kTensor: stack.emplace_back(a.tensor(k)); break;
+        case kTensorList: stack.emplace_back(a.list(k).vec()); break;
+        case kInt: stack.emplace_back(g.i); break;
+        case kIntList: stack.emplace_back(g.ints); break;
+        case kFloat: stack.emplace_back(g.f); break;
+        case kBool: stack.emplace_back(g.b); break;
+        default: stack.emplace_back(); break;
+      }
+    }
+    op.callBoxed(&stack);
+    if (one_list) {
+      store(st, env, stack.at(0).toTensorVector());
+    } else {
+      for (size_t j = 0; j < st.outs.size(); ++j)
+        env[static_cast<size_t>(st.outs[j])] = stack.at(j).toTensor();
+    }
+  };
+}
+
+// Reads the flat program (header comment) with bounds checks.
+class Reader {
+ public:
+  explicit Reader(c10::IntArrayRef code) : code_(code) {}
+  int64_t next(const char* what) {
+    TORCH_CHECK_VALUE(pos_ < code_.size(), "OneTokenPlan: the program ends early (reading ", what,
+                      " at ", pos_, ")");
+    return code_[pos_++];
+  }
+  int64_t count(const char* what, int64_t most) {
+    const int64_t n = next(what);
+    TORCH_CHECK_VALUE(n >= 0 && n <= most, "OneTokenPlan: ", what, " must be in [0, ", most,
+                      "], got ", n);
+    return n;
+  }
+  bool done() const { return pos_ == code_.size(); }
+  size_t pos() const { return pos_; }
+
+ private:
+  c10::IntArrayRef code_;
+  size_t pos_ = 0;
+};
+
+class OneTokenPlan : public torch::CustomClassHolder {
+ public:
+  OneTokenPlan(std::vector<at::Tensor> consts, std::vector<int64_t> code, std::vector<double> floats,
+               std::vector<std::string> ops)
+      : consts_(std::move(consts)) {
+    Reader rd(code);
+    n_inputs_ = rd.count("n_inputs", 1 << 20);
+    TORCH_CHECK_VALUE(n_inputs_ >= 1, "OneTokenPlan: n_inputs must be at least 1 (x), got 0");
+    n_slots_ = rd.count("n_slots", 1 << 24);
+    TORCH_CHECK_VALUE(n_slots_ >= n_inputs_, "OneTokenPlan: n_slots (", n_slots_,
+                      ") must count the inputs (", n_inputs_, ")");
+    const int64_t n_steps = rd.count("n_steps", 1 << 20);
+    const auto ref = [&](const char* what) {
+      const int64_t r = rd.next(what);
+      TORCH_CHECK_VALUE(r < n_slots_ && -r - 1 < static_cast<int64_t>(consts_.size()),
+                        "OneTokenPlan: ", what, " ", r, " names no slot (", n_slots_,
+                        ") or constant (", consts_.size(), ")");
+      return r;
+    };
+    steps_.resize(static_cast<size_t>(n_steps));
+    std::vector<int64_t> last(static_cast<size_t>(n_slots_), -1);  // per slot: its last use
+    std::vector<bool> written(static_cast<size_t>(n_slots_), false);
+    for (int64_t i = 0; i < n_inputs_; ++i) written[static_cast<size_t>(i)] = true;
+    const auto use = [&](int64_t r, int64_t step) {
+      if (r < 0) return;
+      TORCH_CHECK_VALUE(written[static_cast<size_t>(r)], "OneTokenPlan: step ", step,
+                        " reads slot ", r, " before any step writes it");
+      last[static_cast<size_t>(r)] = step;
+    };
+    for (int64_t si = 0; si < n_steps; ++si) {
+      Step& s = steps_[static_cast<size_t>(si)];
+      const int64_t op = rd.next("op index");
+      TORCH_CHECK_VALUE(op >= 0 && op < static_cast<int64_t>(ops.size()), "OneTokenPlan: op index ",
+                        op, " out of range [0, ", ops.size(), ")");
+      s.op = ops[static_cast<size_t>(op)];
+      const int64_t n_args = rd.count("n_args", static_cast<int64_t>(Args::max_args()));
+      s.args.resize(static_cast<size_t>(n_args));
+      for (Arg& a : s.args) {
+        a.tag = rd.next("tag");
+        TORCH_CHECK_VALUE(a.tag >= 0 && a.tag < kTags, "OneTokenPlan: unknown argument tag ", a.tag);
+        if (a.tag == kTensor) {
+          a.ref = ref("tensor ref");
+          use(a.ref, si);
+        } else if (a.tag == kTensorList) {
+          const int64_t n = rd.count("list length", 1 << 16);
+          a.all_constant = true;
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t r = ref("list element");
+            use(r, si);
+            a.refs.push_back(r);
+            a.all_constant = a.all_constant && r < 0;
+            a.fixed.push_back(r < 0 ? consts_[static_cast<size_t>(-r - 1)] : at::Tensor());
+          }
+        } else if (a.tag == kInt || a.tag == kBool) {
+          a.i = rd.next("int");
+          a.b = a.i != 0;
+        } else if (a.tag == kIntList) {
+          const int64_t n = rd.count("int list length", 1 << 16);
+          for (int64_t j = 0; j < n; ++j) a.ints.push_back(rd.next("int list element"));
+        } else if (a.tag == kFloat) {
+          const int64_t k = rd.next("float index");
+          TORCH_CHECK_VALUE(k >= 0 && k < static_cast<int64_t>(floats.size()),
+                            "OneTokenPlan: float index ", k, " out of range");
+          a.f = floats[static_cast<size_t>(k)];
+        }
+      }
+      const int64_t n_outs = rd.count("n_outs", 1 << 16);
+      for (int64_t j = 0; j < n_outs; ++j) {
+        const int64_t r = rd.next("out slot");
+        TORCH_CHECK_VALUE(r >= n_inputs_ && r < n_slots_ && !written[static_cast<size_t>(r)],
+                          "OneTokenPlan: step ", si, " writes slot ", r,
+                          ", which is an input, out of range or written before");
+        written[static_cast<size_t>(r)] = true;
+        last[static_cast<size_t>(r)] = si;  // released at once when nothing reads it
+        s.outs.push_back(r);
+      }
+    }
+    const int64_t n_results = rd.count("n_results", 1 << 20);
+    for (int64_t j = 0; j < n_results; ++j) {
+      const int64_t r = ref("result ref");
+      TORCH_CHECK_VALUE(r < 0 || written[static_cast<size_t>(r)], "OneTokenPlan: result ", j,
+                        " is slot ", r, ", which no step writes");
+      results_.push_back(r);
+      if (r >= 0) last[static_cast<size_t>(r)] = n_steps;  // kept to the end
+    }
+    TORCH_CHECK_VALUE(rd.done(), "OneTokenPlan: ", code.size() - rd.pos(),
+                      " integers after the program's end");
+    for (size_t r = 0; r < last.size(); ++r) {
+      if (last[r] >= 0 && last[r] < n_steps) steps_[static_cast<size_t>(last[r])].release.push_back(
+          static_cast<int64_t>(r));
+    }
+    for (Step& s : steps_) {
+      s.call = typed_call(s);
+      s.typed = static_cast<bool>(s.call);
+      if (!s.typed) s.call = boxed_call(s);
+    }
+    // Product steps whose results may go into tensors they reuse: no result of the graph, and
+    // read only by typed steps (rwkv ops, which never return an input or a view of one).
+    std::vector<bool> escapes(static_cast<size_t>(n_slots_), false);
+    for (const int64_t r : results_) {
+      if (r >= 0) escapes[static_cast<size_t>(r)] = true;
+    }
+    for (const Step& s : steps_) {
+      if (s.typed) continue;
+      for (const Arg& a : s.args) {
+        if (a.tag == kTensor && a.ref >= 0) escapes[static_cast<size_t>(a.ref)] = true;
+        for (const int64_t r : a.refs) {
+          if (r >= 0) escapes[static_cast<size_t>(r)] = true;
+        }
+      }
+    }
+    for (Step& s : steps_) {
+      if (!s.typed) continue;
+      std::vector<bool> reuse;
+      for (const int64_t r : s.outs) reuse.push_back(!escapes[static_cast<size_t>(r)]);
+      bool all = true;
+      for (const bool r : reuse) all = all && r;
+      Call planned = product_call(s, all);
+      if (!planned) planned = reusing_call(s, reuse);
+      if (planned) {
+        s.call = std::move(planned);
+        ++planned_;
+      }
+    }
+  }
+
+  // x: the token's embedding row; state: the model's state tensors in the graph's order.
+  // Returns the graph's results ([logits, *new state]).
+  // One call at a time (planned product steps keep state between calls).
+  std::vector<at::Tensor> run(at::Tensor x, std::vector<at::Tensor> state) const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK_VALUE(static_cast<int64_t>(state.size()) + 1 == n_inputs_,
+                      "OneTokenPlan.run: the state must hold ", n_inputs_ - 1, " tensors, got ",
+                      state.size());
+    Env env(static_cast<size_t>(n_slots_));
+    env[0] = std::move(x);
+    for (size_t i = 0; i < state.size(); ++i) env[i + 1] = std::move(state[i]);
+    for (const Step& s : steps_) {
+      s.call(s, consts_, env);
+      for (const int64_t r : s.release) env[static_cast<size_t>(r)].reset();
+    }
+    std::vector<at::Tensor> out;
+    out.reserve(results_.size());
+    for (const int64_t r : results_) {
+      out.push_back(r >= 0 ? std::move(env[static_cast<size_t>(r)])
+                           : consts_[static_cast<size_t>(-r - 1)]);
+    }
+    return out;
+  }
+
+  // How many steps call their kernel unboxed, and in all (test hooks).
+  int64_t typed_steps() const {
+    int64_t n = 0;
+    for (const Step& s : steps_) n += s.typed;
+    return n;
+  }
+  int64_t steps() const { return static_cast<int64_t>(steps_.size()); }
+  int64_t planned_steps() const { return planned_; }
+
+ private:
+  std::vector<at::Tensor> consts_;
+  int64_t n_inputs_ = 0, n_slots_ = 0;
+  std::vector<Step> steps_;
+  std::vector<int64_t> results_;
+  int64_t planned_ = 0;  // steps run as planned products
+  mutable std::mutex mu_;
+};
+
+}  // namespace
+}  // namespace cpu
+}  // namespace rwkv
+
+TORCH_LIBRARY_FRAGMENT(rwkv, m) {
+  m.class_<rwkv::cpu::OneTokenPlan>("OneTokenPlan")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>,
+                       std::vector<std::string>>())
+      .def("run", &rwkv::cpu::OneTokenPlan::run)
+      .def("typed_steps", &rwkv::cpu::OneTokenPlan::typed_steps)
+      .def("steps", &rwkv::cpu::OneTokenPlan::steps)
+      .def("planned_steps", &rwkv::cpu::OneTokenPlan::planned_steps);
+}

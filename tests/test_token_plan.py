@@ -1,0 +1,221 @@
+"""The one-token plan (csrc/cpu/token_plan.cpp, rwkv/models/cpu_graph.py): the traced graph run
+as a list of op calls, with planned products and reused intermediate results. The same bits as
+the op-by-op path, results that later tokens never overwrite, the program's checks, the planned
+products' guards, and the fallback to the TorchScript function."""
+
+import threading
+
+import pytest
+import torch
+
+from rwkv import ops
+from rwkv.model import RWKV
+from rwkv.models import cpu_graph
+from rwkv.ops._testing import force_cpu_isa, supported_cpu_isas
+from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint
+from tests.test_cpu_graph import decode
+
+CFG = dict(n_layer=2, n_embd=64, vocab=100, head_size=32, seed=7)
+VERSIONS = ("4", "5.2", "6", "7")
+
+pytestmark = pytest.mark.skipif(not ops.backend_report().splitlines()[0].startswith("compiled"),
+                                reason="rwkv._C is not built")
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("token_plan")
+    return {v: str(save_checkpoint(d / f"v{v}.pth", make_checkpoint(v, **CFG))) for v in VERSIONS}
+
+
+def pair(path, strategy):
+    """A model on the plan and the same model op by op, and a state after a short prompt."""
+    m = RWKV(path, strategy, verbose=False)
+    plain = RWKV(path, strategy, verbose=False, cpu_graph=False)
+    _, s = plain.forward([1, 2, 3], None)
+    return m, plain, s
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(la, lb) and len(sa) == len(sb) and all(torch.equal(x, y) for x, y in zip(sa, sb))
+               for (la, sa), (lb, sb) in zip(a, b))
+
+
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+@pytest.mark.parametrize("v", VERSIONS)
+def test_plan_runs_and_keeps_every_result(paths, v, strategy):
+    """The plan is built and used, with planned steps; each token's logits and state equal the
+    op-by-op ones, and stay as they were while later tokens run (the intermediates reused from
+    token to token are never among them)."""
+    m, plain, s = pair(paths[v], strategy)
+    tokens = [5, 7, 11, 13, 17]
+    got = decode(m, [t.clone() for t in s], tokens)
+    want = decode(plain, [t.clone() for t in s], tokens)
+    g = m._graph
+    assert g.plan is not None and g.plan_failed is None
+    assert g.plan.planned_steps() > 0 and g.plan.typed_steps() > 0
+    assert same(got, want)  # every result as it was returned, after all five tokens
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+def test_isa_change_between_tokens_relays_the_products(paths, v):
+    """Planned products laid out for one instruction set (bf16 weights read with bf16 dots where
+    the ISA has them) are laid out again when another one is forced."""
+    isas = supported_cpu_isas()
+    if len(isas) < 2:
+        pytest.skip("one instruction set only")
+    m, plain, s = pair(paths[v], "cpu bf16")
+    a = decode(m, [t.clone() for t in s], [5, 7])
+    b = decode(plain, [t.clone() for t in s], [5, 7])
+    for isa in (isas[0], isas[-1]):
+        with force_cpu_isa(isa):
+            a += decode(m, a[-1][1], [9, 10])
+            b += decode(plain, b[-1][1], [9, 10])
+    assert m._graph.plan is not None and same(a, b)
+
+
+def test_weights_given_new_storage_are_read_there(paths):
+    """A weight whose storage is replaced after the plan was laid out (set_) is read from its new
+    memory, not from where the layout found it."""
+    m, plain, s = pair(paths["6"], "cpu fp32i8")
+    a = decode(m, [t.clone() for t in s], [5, 7])
+    b = decode(plain, [t.clone() for t in s], [5, 7])
+    st = a[-1][1]
+    unchanged = decode(plain, [t.clone() for t in st], [9])[0][0]
+    with torch.no_grad():
+        for model in (m, plain):
+            for name, t in model.w.items():
+                if name.endswith(("ffn.key.weight", "att.key.weight")):
+                    fresh = t.clone()  # the same strides, new memory
+                    fresh.copy_(255 - t)
+                    t.set_(fresh)
+    a = decode(m, [t.clone() for t in st], [9, 10])
+    b = decode(plain, [t.clone() for t in st], [9, 10])
+    assert m._graph.plan is not None and same(a, b)
+    assert not torch.equal(a[0][0], unchanged)
+
+
+def test_threads_sharing_a_model_get_their_own_results(paths):
+    """Calls from several threads at once run one at a time on the plan: each gets the results
+    it would get alone."""
+    m, plain, s = pair(paths["7"], "cpu fp32i8")
+    decode(m, [t.clone() for t in s], [4])  # trace and plan
+    starts = {i: [t.clone() for t in decode(plain, [t.clone() for t in s], [20 + i])[0][1]] for i in range(4)}
+    want = {i: decode(plain, [t.clone() for t in starts[i]], [30, 31, 32]) for i in range(4)}
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            got[i] = decode(m, [t.clone() for t in starts[i]], [30, 31, 32])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(same(got[i], want[i]) for i in range(4))
+
+
+@pytest.mark.parametrize("case", ["build_fails", "runs_differ"])
+def test_a_plan_that_fails_leaves_the_torchscript_function(paths, monkeypatch, case):
+    m, plain, s = pair(paths["6"], "cpu fp32")
+    real = cpu_graph.build_plan
+
+    class Wrong:
+        def __init__(self, plan):
+            self.plan, self.calls = plan, 0
+
+        def run(self, x, state):
+            out = self.plan.run(x, state)
+            self.calls += 1
+            if self.calls == 2:  # the second (planned) run gives other logits
+                out[0] = out[0] + 1
+            return out
+
+    def fake(graph):
+        if case == "build_fails":
+            raise cpu_graph.UnsupportedGraph("node prim::Something")
+        return Wrong(real(graph))
+
+    monkeypatch.setattr(cpu_graph, "build_plan", fake)
+    a = decode(m, [t.clone() for t in s], [5, 7, 9])
+    b = decode(plain, [t.clone() for t in s], [5, 7, 9])
+    g = m._graph
+    assert g.fn is not None and g.plan is None
+    assert ("prim::Something" if case == "build_fails" else "second run differs") in g.plan_failed
+    assert same(a, b)
+
+
+def test_encode_refuses_a_graph_that_returns_no_list():
+    def f(x):
+        return x * 2, x + 1
+
+    graph, _ = torch.jit._get_trace_graph(f, (torch.ones(3),))
+    with pytest.raises(cpu_graph.UnsupportedGraph, match="node prim::TupleConstruct"):
+        cpu_graph.encode_plan(graph)
+
+
+# Hand-written programs (the format: csrc/cpu/token_plan.cpp).
+T, TL, I, IL, F, B, N = range(7)
+
+
+def group_program(n_state=0):
+    """x (slot 0) through linear_one_group with the constant weight 0: result slot 1+n_state."""
+    out = 1 + n_state
+    step = [0, 4, TL, 1, 0, TL, 1, -1, TL, 0, IL, 1, 0, 1, out]
+    return [1 + n_state, 2 + n_state, 1, *step, 1, out]
+
+
+def make_plan(code, consts=None, floats=(), names=("rwkv::linear_one_group",)):
+    w = torch.randn(24, 48).t()  # column-major [48, 24], as the products take them
+    return torch.classes.rwkv.OneTokenPlan(consts if consts is not None else [w], list(code), list(floats),
+                                           list(names)), w
+
+
+def test_planned_products_equal_the_op_and_guard_their_shapes():
+    plan, w = make_plan(group_program())
+    x = torch.randn(1, 48)
+    want = torch.ops.rwkv.linear_one_group([x], [w], [], [0])[0]
+    kept = []
+    for _ in range(3):  # the op's own call, then the laid-out products
+        (y,) = plan.run(x, [])
+        assert torch.equal(y, want)
+        kept.append(y)
+    assert plan.planned_steps() == 1
+    (other,) = plan.run(torch.randn(1, 48), [])
+    assert not torch.equal(other, want)
+    assert all(torch.equal(y, want) for y in kept)  # a result of the plan: never reused
+    with pytest.raises(RuntimeError, match=r"x\[0\] must keep its first call's dtype and shape"):
+        plan.run(torch.randn(48), [])
+    with pytest.raises(RuntimeError, match="must keep its first call's dtype and shape"):
+        plan.run(torch.randn(1, 48, dtype=torch.float64), [])
+    (y,) = plan.run(x, [])
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("code,match", [
+    ([], "the program ends early"),
+    ([0, 1, 0, 0], "n_inputs must be at least 1"),
+    ([1, 2, 1, 0, 1, T, 1, 0, 0], "reads slot 1 before any step writes it"),
+    ([1, 2, 1, 0, 1, 9, 0, 0], "unknown argument tag 9"),
+    ([1, 2, 1, 5, 0, 0, 0], "op index 5 out of range"),
+    ([1, 2, 1, 0, 4, TL, 1, 0, TL, 1, -3, TL, 0, IL, 1, 0, 1, 1, 1, 1], "list element -3 names no slot"),
+    ([1, 2, 1, 0, 4, TL, 1, 0, TL, 1, -1, TL, 0, IL, 1, 0, 1, 0, 1, 1], "writes slot 0, which is an input"),
+    (group_program() + [7], "1 integers after the program's end"),
+    ([1, 1, 0, 1, 1], "result 0 is slot 1|names no slot"),
+])
+def test_malformed_programs_are_refused(code, match):
+    with pytest.raises(ValueError, match=match):
+        make_plan(code)
+
+
+def test_unknown_ops_and_wrong_arguments_are_refused():
+    with pytest.raises(ValueError, match="no op named aten::no_such_op"):
+        make_plan([1, 2, 1, 0, 0, 1, 1, 1, 1], names=("aten::no_such_op",))
+    with pytest.raises(RuntimeError, match="linear_one_group takes 4 arguments, the program gives 1"):
+        make_plan([1, 2, 1, 0, 1, T, 0, 1, 1, 1, 1])
+    plan, _ = make_plan(group_program())
+    with pytest.raises(ValueError, match="the state must hold 0 tensors, got 1"):
+        plan.run(torch.randn(1, 48), [torch.zeros(1)])
