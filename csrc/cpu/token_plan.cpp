@@ -37,6 +37,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
