@@ -26,13 +26,9 @@ namespace cpu {
 // Below this many values, the plain loop.
 constexpr int64_t kAtenConvertFrom = 1 << 15;
 
-// The fp32 values y (contiguous, of shape `sizes`) as a new tensor of dtype dt (not fp32): bf16
-// rounded to nearest even by the bf16_round kernel when short, else (or for other dtypes) ATen's
-// .to().
-inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt);
-
-// The fp32 values y (contiguous, as many as out holds) written into out (contiguous, not fp32),
-// rounded as narrowed_values rounds them.
+// The fp32 values y (contiguous, as many as out holds) written into out (contiguous, not fp32):
+// bf16 rounded to nearest even by the bf16_round kernel when short, else (or for other dtypes)
+// ATen's copy.
 inline void narrow_into(const float* y, const at::Tensor& out) {
   const int64_t n = out.numel();
   if (out.scalar_type() != at::kBFloat16 || n >= kAtenConvertFrom) {
@@ -42,6 +38,8 @@ inline void narrow_into(const float* y, const at::Tensor& out) {
   kernels().bf16_round(n, y, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()));
 }
 
+// The fp32 values y (contiguous, of shape `sizes`) as a new tensor of dtype dt (not fp32),
+// rounded as narrow_into rounds them.
 inline at::Tensor narrowed_values(const float* y, at::IntArrayRef sizes, at::ScalarType dt) {
   at::Tensor out = pooled_empty(sizes, dt);
   narrow_into(y, out);

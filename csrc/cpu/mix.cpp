@@ -191,6 +191,8 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
   return res;
 }
 
+}  // namespace
+
 // maa_lora_one: one token's maa_mix_split whose z is linear_one(xw, w1), computed in the same
 // parallel region. Each thread takes a contiguous range of half-mixes (u = 2i + half, as in
 // maa_half_sums): it computes their values of z (one run of consecutive columns of w1, by
@@ -199,9 +201,7 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
 // completes a mix's second half finishes that mix. One call and one region where linear_one and
 // maa_mix_split made two calls and three regions; a static split, since each thread's range is
 // then one run of w1 and one of w2 (against half-mixes taken one at a time by for_blocks: 1.5b
-// RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md).
-}  // namespace
-
+// RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md). The op itself: maa_lora_one below.
 std::vector<at::Tensor> maa_lora_one_into(const at::Tensor& xx, const at::Tensor& sx,
                                           const at::Tensor& xw, const at::Tensor& w1,
                                           const at::Tensor& w2, const at::Tensor& maa,

@@ -549,18 +549,18 @@ class PlannedProducts final : public ProductStep {
   // Whether the layouts still hold: the same instruction set (a layout reads x as bf16 where the
   // ISA has bf16 dots) and the weights where they were laid out (a tensor whose storage was
   // replaced since, with set_(), would leave the layout pointing at memory no longer its own).
-  bool still_valid() const {
-    if (&kernels() != kt_) return false;
-    size_t i = 0;
+  bool still_valid() const { return &kernels() == kt_ && memory() == data_; }
+
+  // Each product's w and side tensors' memory, in order.
+  c10::SmallVector<const void*, 32> memory() const {
+    c10::SmallVector<const void*, 32> m;
     for (const auto* prs : {&first_, &second_}) {
       for (const Product& pr : *prs) {
-        if (pr.w->data_ptr() != data_[i++]) return false;
-        for (int k = 0; pr.int8() && k < 4; ++k) {
-          if (pr.side[k].data_ptr() != data_[i++]) return false;
-        }
+        m.push_back(pr.w->data_ptr());
+        for (int k = 0; pr.int8() && k < 4; ++k) m.push_back(pr.side[k].data_ptr());
       }
     }
-    return true;
+    return m;
   }
 
   // The op's own call, then the plan from its arguments and results (again where a layout no
@@ -573,7 +573,6 @@ class PlannedProducts final : public ProductStep {
     x_sizes_.clear();
     out1_.clear();
     out2_.clear();
-    data_.clear();
     std::vector<at::Tensor> res;
     if (kind_ == kGroup) {
       res = linear_one_group(c.x, c.w, c.side, c.act);
@@ -617,12 +616,7 @@ class PlannedProducts final : public ProductStep {
     }
     if (!second_.empty()) l2_ = lay_out({second_.data(), second_.size()});
     kt_ = &kernels();
-    for (const auto* prs : {&first_, &second_}) {
-      for (const Product& pr : *prs) {
-        data_.push_back(pr.w->data_ptr());
-        for (int k = 0; pr.int8() && k < 4; ++k) data_.push_back(pr.side[k].data_ptr());
-      }
-    }
+    data_ = memory();
     if (reuse_) {
       if (kind_ == kFfn) {
         out2_ = {res[0]};
@@ -640,7 +634,7 @@ class PlannedProducts final : public ProductStep {
   bool reuse_;
   bool planned_ = false;
   const KernelTable* kt_ = nullptr;  // the kernels the layouts were made for
-  c10::SmallVector<const void*, 32> data_;  // each product's w and side tensors' memory then
+  c10::SmallVector<const void*, 32> data_;  // memory() when the layouts were made
   const at::Tensor* w_data_ = nullptr;
   const at::Tensor* side_data_ = nullptr;
   c10::SmallVector<at::ScalarType, 8> x_dtype_;

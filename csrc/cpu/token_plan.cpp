@@ -95,8 +95,8 @@ class Args {
   at::Tensor& mut_tensor(size_t k) {
     const int64_t r = s_.args[k].ref;
     if (r >= 0) return env_[static_cast<size_t>(r)];
-    held_.push_back(ref(r));  // a constant (no model graph writes one): a handle of our own
-    return held_.back();
+    held_[k] = ref(r);  // a constant (no model graph writes one): a handle of our own
+    return held_[k];
   }
 
   at::TensorList list(size_t k) {
@@ -130,7 +130,7 @@ class Args {
   static constexpr size_t kMaxArgs = 16;
   std::array<c10::SmallVector<at::Tensor, 8>, kMaxArgs> lists_;
   std::array<std::optional<at::Tensor>, kMaxArgs> opts_;
-  c10::SmallVector<at::Tensor, 2> held_;
+  std::array<at::Tensor, kMaxArgs> held_;
 
  public:
   static constexpr size_t max_args() { return kMaxArgs; }
