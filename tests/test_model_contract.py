@@ -366,6 +366,59 @@ def test_split_mix_ops_equal_stacked_mixes(paths, v, strategy):
     assert all(torch.equal(x, y) for x, y in zip(sa, sb))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5])
+def test_head_norm_matches_torch_layer_norm(dtype, T):
+    """The head's layer norm (ln_out) on CPU is the compiled ln_mix_split with no mixes: torch's
+    layer_norm up to float rounding (another summation order for the mean and variance; bf16
+    results at most one bf16 step apart), for C not a multiple of the vector width."""
+    from rwkv import ops
+    from rwkv.models.common import HeadNorm
+    from rwkv.strategy import plan_layers
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    C = 100
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(C, generator=g).to(dtype), torch.randn(C, generator=g).to(dtype)
+    x = (torch.randn(T, C, generator=g) * 3 + 1).to(dtype)
+    dd = plan_layers("cpu fp32" if dtype == torch.float32 else "cpu bf16", 1)[1]
+    hn = HeadNorm(w, b, dd, "auto")
+    assert hn.op is not None
+    y = hn(x)
+    want = torch.nn.functional.layer_norm(x, (C,), weight=w, bias=b, eps=1e-5)
+    assert y.shape == want.shape and y.dtype == dtype
+    step = 1e-5 if dtype == torch.float32 else 2.0 ** -7
+    assert ((y.float() - want.float()).abs() <= step * want.float().abs() + 1e-5).all()
+    assert HeadNorm(w, b, dd, "reference").op is None  # kernels="reference": torch's layer_norm
+
+
+@pytest.mark.parametrize("v", VERSIONS)
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8", "cpu bf16", "cpu bf16i8"])
+def test_head_norm_op_equals_torch_in_the_model(paths, v, strategy):
+    """The model's logits with the head's layer norm as the compiled op (one call per forward, a
+    prompt's and a token's) are those with torch's layer_norm up to float rounding; the state,
+    which the head does not touch, is the same bits."""
+    from rwkv import ops
+    if "compiled" not in ops.backend_report().splitlines()[0]:
+        pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    torch_ln = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    calls = []
+    real = fused._rt.head_norm.op
+    assert real is not None
+    fused._rt.head_norm.op = lambda *args: calls.append(1) or real(*args)
+    torch_ln._rt.head_norm.op = None
+    a0, sa = fused.forward([1, 2, 3], None)
+    b0, sb = torch_ln.forward([1, 2, 3], None)
+    a, sa = fused.forward([5], _clone(sa))
+    b, sb = torch_ln.forward([5], _clone(sb))
+    assert len(calls) == 2
+    step = 1e-5 if "bf16" not in strategy else 2.0 ** -7  # of the largest logit
+    for x, y in ((a0, b0), (a, b)):
+        assert (x - y).abs().max() <= step * y.abs().max()
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
+
+
 def test_verbose_plan_names_the_int8_decode_op(paths, capsys):
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:

@@ -14,7 +14,7 @@ import torch
 
 from ..loading import ModelInfo
 from ..strategy import LayerPlacement
-from .common import Projection, concrete_device, layer_norm, moved, projections, rows
+from .common import HeadNorm, Projection, concrete_device, moved, projections, rows
 from .ffn import ChannelMix
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
@@ -58,7 +58,7 @@ class Runtime:
             dd = plan[i]
             self.att.append(tm_cls(w, i, dd, info, mode, dd.stream))
             self.ffn.append(ChannelMix(w, i, dd, info.version, mode, dd.stream))
-        self.ln_out = (w["ln_out.weight"], w["ln_out.bias"])
+        self.head_norm = HeadNorm(w["ln_out.weight"], w["ln_out.bias"], plan[L], mode)
         self.head = Projection(w, "head.weight", plan[L], mode, stream=False)
         if exact_int8:
             for proj in [self.head] + [p for m in self.att + self.ffn for p in projections(m)]:
@@ -178,7 +178,7 @@ class Runtime:
             x = x[-1:]
         hd = self.plan[info.n_layer]
         x = moved(x, hd.atype, self.devices[info.n_layer])
-        x = layer_norm(x, *self.ln_out)
+        x = self.head_norm(x)
         logits = self.head(x, torch.float32)
         if rows(logits) == 1:
             logits = logits[0]

@@ -128,6 +128,26 @@ class LnMix:
         return xx, xx[-1], list(mixed.unbind(0))
 
 
+class HeadNorm:
+    """The layer norm before the head (ln_out) of x [T, C]. On CPU with fp32 or bf16 activations
+    it is the compiled ``ln_mix_split`` op with no mixes (its first result; the same kernel as
+    every block's layer norm), otherwise torch's layer_norm (what upstream runs). While decoding,
+    torch's layer_norm, called through the dispatcher with its code and data flushed from the
+    caches by the weights, took ~0.1 ms of a 1.5B token (benchmarks/RESULTS.md)."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor, dd: LayerPlacement, mode: str):
+        self.w, self.b = w, b
+        self.op = fused_op("ln_mix_split", dd, mode)
+        if self.op is not None:  # the op's arguments: a shift state it ignores here, fp32 w and b, no mixes
+            C = w.shape[0]
+            self.args = (torch.zeros(C, dtype=dd.atype), w.float(), b.float(), torch.zeros(0, C))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op is None:
+            return layer_norm(x, self.w, self.b)
+        return self.op(x, *self.args, False, LAYER_NORM_EPS)[0]
+
+
 class Projection:
     """``x @ W`` for x: [T, in] -> [T, out], W stored (in, out) as upstream does.
 

@@ -93,7 +93,7 @@ def runtime_tensors(rt) -> list:
             for item in vars(obj).values():
                 walk(item, depth + 1)
 
-    walk([rt.att, rt.ffn, rt.head, rt.ln_out], 0)
+    walk([rt.att, rt.ffn, rt.head, rt.head_norm], 0)
     return list(found.values())
 
 
