@@ -373,7 +373,7 @@ def test_head_norm_matches_torch_layer_norm(dtype, T):
     layer_norm up to float rounding (another summation order for the mean and variance; bf16
     results at most one bf16 step apart), for C not a multiple of the vector width."""
     from rwkv import ops
-    from rwkv.models.common import HeadNorm
+    from rwkv.models.common import LAYER_NORM_EPS, HeadNorm
     from rwkv.strategy import plan_layers
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
@@ -385,7 +385,7 @@ def test_head_norm_matches_torch_layer_norm(dtype, T):
     hn = HeadNorm(w, b, dd, "auto")
     assert hn.op is not None
     y = hn(x)
-    want = torch.nn.functional.layer_norm(x, (C,), weight=w, bias=b, eps=1e-5)
+    want = torch.nn.functional.layer_norm(x, (C,), weight=w, bias=b, eps=LAYER_NORM_EPS)
     assert y.shape == want.shape and y.dtype == dtype
     step = 1e-5 if dtype == torch.float32 else 2.0 ** -7
     assert ((y.float() - want.float()).abs() <= step * want.float().abs() + 1e-5).all()
