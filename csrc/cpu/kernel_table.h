@@ -14,10 +14,6 @@ namespace cpu {
 // columns. A short column's bits thus depend on where the range begins: callers that split the
 // columns start every range at a multiple of 16 (or compute them in one range).
 constexpr int64_t kShortColumnBytes = 1024;
-// How far ahead the short-column kernels prefetch: each block of columns (one run of consecutive
-// memory) first prefetches its own bytes this far on, so a thread's run of blocks streams ahead
-// of the hardware prefetcher's ramp-up on each 4 KiB page (docs/kernels.md, "Short columns").
-constexpr int64_t kShortColumnAhead = 2048;
 
 struct KernelTable {
   // wkv4_forward on channels [c0, c1): k, v, y [T, C]; w, u, aa, bb, pp [C].

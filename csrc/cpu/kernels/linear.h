@@ -61,7 +61,6 @@ inline void linear_short_columns(int64_t N, int64_t m, const float* x, const T* 
   constexpr int W = V::width;
   const int64_t full = N - N % W;
   R acc[W];
-  prefetch_short_block(w + m * N, W * N * static_cast<int64_t>(sizeof(T)));
   for (int b = 0; b < W; ++b) {
     const T* col = w + (m + b) * N;
     R a = V::zero();

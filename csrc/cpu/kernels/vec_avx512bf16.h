@@ -70,15 +70,14 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
       y[m + b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
   }
 
-  // Columns [m, m + 16) of short columns (linear.h, linear_short_columns): the block prefetched
-  // ahead as there, then one column after the other, each summed in one register (steps of 32
-  // values, then the tail by masked loads), then the 16 registers' lanes summed at once.
+  // Columns [m, m + 16) of short columns (linear.h, linear_short_columns): one column after the
+  // other, each summed in one register (steps of 32 values, then the tail by masked loads), then
+  // the 16 registers' lanes summed at once.
   static void bf16_short_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w,
                                  float* y) {
     __m512 acc[16];
     const int64_t full = N - N % 32;
     const __mmask32 tail = _cvtu32_mask32((1u << (N - full)) - 1);
-    prefetch_short_block(w + m * N, 16 * N * 2);
     for (int b = 0; b < 16; ++b) {
       const uint16_t* col = w + (m + b) * N;
       __m512 a = _mm512_setzero_ps();

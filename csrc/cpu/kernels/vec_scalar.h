@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "cpu/kernel_table.h"
-
 #ifndef RWKV_ISA
 #error "define RWKV_ISA (the instruction-set namespace) before including a kernel header"
 #endif
@@ -20,14 +18,6 @@ namespace RWKV_ISA {
 // starts on a 64-byte boundary (any ISA's register size) and holds whole registers.
 inline bool rows_streamable(const float* state, int64_t N) {
   return reinterpret_cast<std::uintptr_t>(state) % 64 == 0 && N % 16 == 0;
-}
-
-// Prefetches a block of short columns (linear.h; `bytes` from p) kShortColumnAhead bytes on: the
-// blocks a thread reads are consecutive, so every line is prefetched once, ahead of its use (a
-// prefetch never faults, so reaching past the weights' end is harmless).
-inline void prefetch_short_block(const void* p, int64_t bytes) {
-  const char* ahead = static_cast<const char*>(p) + kShortColumnAhead;
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(ahead + o);
 }
 
 struct VecScalar {
