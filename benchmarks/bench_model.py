@@ -2,7 +2,7 @@
 
     python benchmarks/bench_model.py [--sizes 0.1b,1.5b] [--versions 4,6,7]
         [--strategies "cpu fp32,cpu bf16,cpu fp32i8,cpu bf16i8"] [--decode 50] [--prefill 512]
-        [--threads 2] [--no-upstream]
+        [--threads 2] [--no-upstream] [--v7-lora fixture|released]
 
 For each seeded random-weight checkpoint (shapes like RWKV 0.1B and 1.5B) and strategy it measures
 decode ms/token (median of --decode single-token forwards after warm-up) and prefill tokens/s (one
@@ -17,7 +17,9 @@ share of the measured bandwidth, against the bandwidth measured right after that
 interleaved decode ("adjacent") and against the median of quick readings taken in every round just
 before that strategy's turn ("moment": the bandwidth at the moments it decoded), and the CPU's
 speed at those moments against its best reading of the run (CpuSpeed). Upstream's v7 class has no
-int8 ("n/a").
+int8 ("n/a"). RWKV-7 checkpoints take the test fixtures' narrow low-rank widths unless --v7-lora
+released gives them a released model's (1.5b: w and a 96, v 64, g 256: ~7.4 MB more low-rank
+weights a layer in fp32, which int8 strategies do not quantize).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._timing import time_models  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
-from tests.fixtures.make_tiny_models import make_checkpoint, save_checkpoint  # noqa: E402
+from tests.fixtures.make_tiny_models import make_checkpoint, released_v7_lora, save_checkpoint  # noqa: E402
 
 SIZES = {"0.1b": dict(n_layer=12, n_embd=768), "0.4b": dict(n_layer=24, n_embd=1024),
          "1.5b": dict(n_layer=24, n_embd=2048)}
@@ -247,6 +249,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-upstream", action="store_true")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--v7-lora", choices=("fixture", "released"), default="fixture",
+                   help="RWKV-7's low-rank widths: the test fixtures' narrow ones (w 16, a 12, v 8, g 24, "
+                        "as in every recorded run) or a released model's of that width (1.5b: 96, 96, 64, 256)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     header("bench_model", decode_tokens=a.decode, prefill_tokens=a.prefill)
@@ -259,10 +264,12 @@ def main(argv=None) -> int:
     rows = []
     for size in a.sizes.split(","):
         for version in a.versions.split(","):
-            path = workdir / f"bench-{size}-v{version}.pth"
+            released = version == "7" and a.v7_lora == "released"
+            path = workdir / f"bench-{size}-v{version}{'-released-lora' if released else ''}.pth"
             if not path.exists():
+                lora = released_v7_lora(SIZES[size]["n_embd"]) if released else None
                 sd = make_checkpoint(version, vocab=VOCAB, head_size=64, seed=0, dtype=torch.bfloat16,
-                                     **SIZES[size])
+                                     v7_lora=lora, **SIZES[size])
                 save_checkpoint(path, sd)
                 del sd
             strategies = [s.strip() for s in a.strategies.split(",")]
@@ -279,7 +286,9 @@ def main(argv=None) -> int:
                         up = bench_upstream(str(path), strategy, a.upstream_decode or a.decode, a.prefill,
                                             a.threads, version == "7")
                 gbps = ours["bytes"] / (ours["decode_ms"] / 1000) / 1e9
-                row = {"kind": "model", "size": size, "version": version, "strategy": strategy,
+                # RWKV-7 with a released model's low-rank widths shows as version "7 (released LoRA)"
+                row = {"kind": "model", "size": size,
+                       "version": version + (" (released LoRA)" if released else ""), "strategy": strategy,
                        "ours_decode_ms": round(ours["decode_ms"], 2),
                        "upstream_decode_ms": round(up["decode_ms"], 2) if "decode_ms" in up else up.get("error"),
                        "decode_speedup": round(up["decode_ms"] / ours["decode_ms"], 2) if "decode_ms" in up else None,

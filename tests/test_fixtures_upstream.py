@@ -100,6 +100,23 @@ def test_other_head_sizes_and_dtypes():
         make_checkpoint("8")
 
 
+def test_v7_lora_widths():
+    """Released RWKV-7 models' LoRA widths (the training code's suggested sizes; 1.5B: w/a 96, v 64,
+    g 256) and checkpoints made with other widths than the fixtures' defaults."""
+    assert mtm.released_v7_lora(768) == {"w": 64, "a": 64, "v": 32, "g": 128}
+    assert mtm.released_v7_lora(2048) == {"w": 96, "a": 96, "v": 64, "g": 256}
+    assert mtm.released_v7_lora(2560) == {"w": 96, "a": 96, "v": 64, "g": 320}
+    widths = {"w": 40, "a": 24, "v": 16, "g": 56}
+    sd = make_checkpoint("7", n_embd=64, v7_lora=widths)
+    for name, width in widths.items():
+        assert sd[f"blocks.1.att.{name}1"].shape == (64, width)
+        assert sd[f"blocks.1.att.{name}2"].shape == (width, 64)
+    with pytest.raises(ValueError, match="v7_lora must give"):
+        make_checkpoint("7", v7_lora={"w": 16, "a": 12, "v": 8})
+    with pytest.raises(ValueError, match="v7_lora must give"):
+        make_checkpoint("7", v7_lora={**mtm.V7_LORA, "g": 0})
+
+
 def test_deterministic(tmp_path):
     a, b = make_checkpoint("7", seed=3), make_checkpoint("7", seed=3)
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
