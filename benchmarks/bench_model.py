@@ -286,7 +286,6 @@ def main(argv=None) -> int:
                         up = bench_upstream(str(path), strategy, a.upstream_decode or a.decode, a.prefill,
                                             a.threads, version == "7")
                 gbps = ours["bytes"] / (ours["decode_ms"] / 1000) / 1e9
-                # RWKV-7 with a released model's low-rank widths shows as version "7 (released LoRA)"
                 row = {"kind": "model", "size": size,
                        "version": version + (" (released LoRA)" if released else ""), "strategy": strategy,
                        "ours_decode_ms": round(ours["decode_ms"], 2),
