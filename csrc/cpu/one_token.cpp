@@ -20,9 +20,11 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -430,6 +432,33 @@ void add_residual(T* y, const T* residual, const T* gate, int64_t n) {
   }
 }
 
+// A bf16 value's fp32 value (exact).
+inline float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// add_residual for bf16, to the same bits: the same fp32 operations, rounded to bf16 by the
+// ISA's bf16_round kernel (torch's rule, as c10::BFloat16's conversion) 64 values at a time.
+void add_residual_bf16(uint16_t* y, const uint16_t* residual, const uint16_t* gate, int64_t n) {
+  const KernelTable& kt = kernels();
+  float v[64];
+  uint16_t gy[64];
+  for (int64_t i = 0; i < n; i += 64) {
+    const int64_t len = std::min<int64_t>(64, n - i);
+    const uint16_t* yi = y + i;
+    if (gate != nullptr) {
+      for (int64_t j = 0; j < len; ++j) v[j] = bf16_value(gate[i + j]) * bf16_value(yi[j]);
+      kt.bf16_round(len, v, gy);
+      yi = gy;
+    }
+    for (int64_t j = 0; j < len; ++j) v[j] = bf16_value(residual[i + j]) + bf16_value(yi[j]);
+    kt.bf16_round(len, v, y + i);
+  }
+}
+
 // Checks a residual and a gate (nullptr: none) for a product of x with M columns, in op's words.
 void check_residual(const char* op, const at::Tensor& x, int64_t M, const at::Tensor& residual,
                     const at::Tensor* gate) {
@@ -458,8 +487,10 @@ void apply_residual(at::Tensor& y, const at::Tensor& residual, const at::Tensor*
     add_residual(y.data_ptr<float>(), r.data_ptr<float>(),
                  g.defined() ? g.data_ptr<float>() : nullptr, n);
   } else if (y.scalar_type() == at::kBFloat16) {
-    add_residual(y.data_ptr<at::BFloat16>(), r.data_ptr<at::BFloat16>(),
-                 g.defined() ? g.data_ptr<at::BFloat16>() : nullptr, n);
+    const auto bits = [](const at::Tensor& t) {
+      return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+    };
+    add_residual_bf16(bits(y), bits(r), g.defined() ? bits(g) : nullptr, n);
   } else {  // check_product admits fp16 besides those for int8 weights
     add_residual(y.data_ptr<at::Half>(), r.data_ptr<at::Half>(),
                  g.defined() ? g.data_ptr<at::Half>() : nullptr, n);
