@@ -50,10 +50,14 @@ def test_linear_one_matches_reference(device, impl, N, M, dtype, rng):
                                  # rows fewer than a register, whole registers and a tail, at
                                  # fp32's and bf16's limits and one row past fp32's
                                  (3, 16), (12, 40), (16, 35), (24, 48), (64, 33), (96, 20),
-                                 (256, 17), (257, 18), (512, 16), (513, 17)])
+                                 (256, 17), (257, 18), (512, 16), (513, 17),
+                                 # short columns as 4 streams of whole groups (at least 4 groups),
+                                 # groups and columns left after them; row tails
+                                 (96, 150), (77, 150), (40, 200), (256, 70)])
 def test_linear_one_isa(cpu_isa, N, M, dtype, rng):
     # Both read orders (one column at a time, or 4 streams sharing each x load; M = 45, 9 and 7
-    # leave a remainder after the streams): the same per-column summation, so the same bits. Short columns take the same path in both orders.
+    # leave a remainder after the streams; short columns one group after another, or 4 streams
+    # of groups): the same per-column summation, so the same bits.
     fn = compiled_or_skip(OP)
     x, w = make_inputs(N, M, rng, dtype=dtype)
     out = {}

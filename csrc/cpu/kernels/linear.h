@@ -51,28 +51,97 @@ inline void linear_columns(int64_t N, int64_t m, int64_t stride, const float* x,
 // whole register, so per byte read such columns ran compute-bound: fp32 [16, 2048] took 15 us
 // from DRAM (8.8 GB/s), [12, 2048] 24 us (4.1 GB/s).
 
+// A short column's dot product, summed lane-wise in one register a step at a time: fp32 x with
+// weights T (fp32, or bf16 widened in registers), V::width values a step; the last N % width
+// rows by partial loads that read nothing past the column. (avx512bf16's bf16 x bf16 dot:
+// VecAvx512Bf16::Bf16ShortDot.)
+template <class V, class Elem>
+struct ShortDot {
+  using X = float;
+  using T = Elem;
+  using R = typename V::reg;
+  static constexpr int kStep = V::width;
+  static R step(R a, const float* x, const T* c) { return V::fma(V::load(x), load_elems<V>(c), a); }
+  static R tail(R a, const float* x, const T* c, int64_t n) {
+    return V::fma(V::load_partial(x, n), load_elems_partial<V>(c, n), a);
+  }
+};
+
+// One short column's register (D's steps, then its tail).
+template <class D, class R>
+inline R short_column(int64_t N, const typename D::X* x, const typename D::T* col, R a) {
+  const int64_t full = N - N % D::kStep;
+  for (int64_t n = 0; n < full; n += D::kStep) a = D::step(a, x + n, col + n);
+  if (full < N) a = D::tail(a, x + full, col + full, N - full);
+  return a;
+}
+
 // Columns [m, m + W) of short columns, W = V::width: one column after the other (the W columns
 // are one run of consecutive memory), each column's products summed lane-wise in one register
-// (whole registers, then its last rows by a partial load that reads nothing past the column),
-// then the W registers' lanes summed all at once into one register of W results.
-template <class V, class T>
-inline void linear_short_columns(int64_t N, int64_t m, const float* x, const T* w, float* y) {
+// (short_column), then the W registers' lanes summed all at once into one register of W results.
+template <class V, class D>
+inline void linear_short_columns(int64_t N, int64_t m, const typename D::X* x,
+                                 const typename D::T* w, float* y) {
   using R = typename V::reg;
   constexpr int W = V::width;
-  const int64_t full = N - N % W;
   R acc[W];
-  for (int b = 0; b < W; ++b) {
-    const T* col = w + (m + b) * N;
-    R a = V::zero();
-    for (int64_t n = 0; n < full; n += W) a = V::fma(V::load(x + n), load_elems<V>(col + n), a);
-    if (full < N)
-      a = V::fma(V::load_partial(x + full, N - full), load_elems_partial<V>(col + full, N - full), a);
-    acc[b] = a;
-  }
+  for (int b = 0; b < W; ++b) acc[b] = short_column<D>(N, x, w + (m + b) * N, V::zero());
   V::store(y + m, V::reduce_add_columns(acc));
 }
 
-// Output columns [m0, m1): short columns W at a time (above; a last partial group as below), else
+// The 4L groups of W short columns from m as 4 streams, the long columns' read order
+// (streams.h): stream s reads groups s*L .. s*L + L - 1 one column after another, the 4 streams
+// a step each in turn, sharing each load of x and prefetching kAhead bytes ahead (once per
+// 64-byte line). Each column's register and each group's reduction as linear_short_columns
+// forms them: the same bits. One stream per thread without software prefetch (the order before)
+// read a 1.5B RWKV-7's second factors (fp32, K = 96/96/64/256, 4.19 MB a layer) from DRAM at
+// ~25 GB/s, where long columns read ~33; as 4 streams 2 KiB ahead ~29-30 (docs/kernels.md).
+template <class V, class D, int64_t kAhead>
+inline void linear_short_streams(int64_t N, int64_t m, int64_t L, const typename D::X* x,
+                                 const typename D::T* w, float* y) {
+  using R = typename V::reg;
+  constexpr int W = V::width, S = 4;
+  constexpr int64_t E = sizeof(typename D::T);
+  const int64_t full = N - N % D::kStep;
+  R acc[S][W];
+  for (int64_t g = 0; g < L; ++g) {
+    for (int b = 0; b < W; ++b) {
+      const typename D::T* col[S];
+      R a[S];
+      for (int s = 0; s < S; ++s) {
+        col[s] = w + (m + (s * L + g) * W + b) * N;
+        a[s] = V::zero();
+      }
+      for (int64_t n = 0; n < full; n += D::kStep) {
+        if ((n * E) % 64 == 0)
+          for (int s = 0; s < S; ++s)
+            __builtin_prefetch(reinterpret_cast<const char*>(col[s] + n) + kAhead);
+        for (int s = 0; s < S; ++s) a[s] = D::step(a[s], x + n, col[s] + n);
+      }
+      if (full < N)
+        for (int s = 0; s < S; ++s) a[s] = D::tail(a[s], x + full, col[s] + full, N - full);
+      for (int s = 0; s < S; ++s) acc[s][b] = a[s];
+    }
+    for (int s = 0; s < S; ++s) V::store(y + m + (s * L + g) * W, V::reduce_add_columns(acc[s]));
+  }
+}
+
+// Short columns [m0, m1) in whole groups of W from m0 (sequential: one group after another;
+// otherwise as 4 streams over the groups' quarters, then the groups left); returns the first
+// column past the last whole group.
+template <class V, class D, int64_t kAhead>
+inline int64_t short_column_groups(int64_t N, int64_t m0, int64_t m1, bool sequential,
+                                   const typename D::X* x, const typename D::T* w, float* y) {
+  constexpr int W = V::width;
+  const int64_t L = sequential ? 0 : (m1 - m0) / W / 4;
+  if (L > 0) linear_short_streams<V, D, kAhead>(N, m0, L, x, w, y);
+  int64_t m = m0 + 4 * L * W;
+  for (; m + W <= m1; m += W) linear_short_columns<V, D>(N, m, x, w, y);
+  return m;
+}
+
+// Output columns [m0, m1): short columns in groups of W (short_column_groups; a last partial
+// group as below), else
 // one column after another (sequential: one sequential stream per thread, what AMD Zen 4 streams
 // fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s) or 4 streams (streams.h) with
 // a software prefetch 2 KiB ahead (the twenty-fifth session's Intel Xeon, against the 4 adjacent
@@ -84,7 +153,7 @@ void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, f
                 bool sequential) {
   int64_t m = m0;
   if (N * static_cast<int64_t>(sizeof(T)) <= kShortColumnBytes)
-    for (; m + V::width <= m1; m += V::width) linear_short_columns<V>(N, m, x, w, y);
+    m = short_column_groups<V, ShortDot<V, T>, 2048>(N, m0, m1, sequential, x, w, y);
   column_streams<4>(
       m, m1, sequential,
       [&](int64_t c, int64_t L) { linear_columns<V, 4, T, 2048>(N, c, L, x, w, y); },
@@ -92,14 +161,14 @@ void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, f
 }
 
 // linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
-// (V::bf16_columns, V::bf16_short_columns): the same orders, the streams prefetching 1 KiB ahead
+// (V::bf16_columns, V::Bf16ShortDot): the same orders, the streams prefetching 1 KiB ahead
 // (1.5b v6 `cpu bf16` ~-24 ms per token of ~115 against the 4 adjacent columns before).
 template <class V>
 void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, const uint16_t* w,
                       float* y, bool sequential) {
   int64_t m = m0;
   if (N * 2 <= kShortColumnBytes)
-    for (; m + V::width <= m1; m += V::width) V::bf16_short_columns(N, m, x, w, y);
+    m = short_column_groups<V, typename V::Bf16ShortDot, 2048>(N, m0, m1, sequential, x, w, y);
   column_streams<4>(
       m, m1, sequential,
       [&](int64_t c, int64_t L) { V::template bf16_columns<4, 1024>(N, c, L, x, w, y); },

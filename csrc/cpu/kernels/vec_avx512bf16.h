@@ -70,27 +70,21 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
       y[m + b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
   }
 
-  // Columns [m, m + 16) of short columns (linear.h, linear_short_columns): one column after the
-  // other, each summed in one register (steps of 32 values, then the tail by masked loads), then
-  // the 16 registers' lanes summed at once.
-  static void bf16_short_columns(int64_t N, int64_t m, const uint16_t* x, const uint16_t* w,
-                                 float* y) {
-    __m512 acc[16];
-    const int64_t full = N - N % 32;
-    const __mmask32 tail = _cvtu32_mask32((1u << (N - full)) - 1);
-    for (int b = 0; b < 16; ++b) {
-      const uint16_t* col = w + (m + b) * N;
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t n = 0; n < full; n += 32)
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x + n),
-                             (__m512bh)_mm512_loadu_si512(col + n));
-      if (full < N)
-        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + full),
-                             (__m512bh)_mm512_maskz_loadu_epi16(tail, col + full));
-      acc[b] = a;
+  // A short column's dot with bf16 x (linear.h, ShortDot): 32 values a step, summed in one
+  // register; the last N % 32 by masked loads.
+  struct Bf16ShortDot {
+    using X = uint16_t;
+    using T = uint16_t;
+    static constexpr int kStep = 32;
+    static __m512 step(__m512 a, const uint16_t* x, const uint16_t* c) {
+      return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(c));
     }
-    _mm512_storeu_ps(y + m, reduce_add_columns(acc));
-  }
+    static __m512 tail(__m512 a, const uint16_t* x, const uint16_t* c, int64_t n) {
+      const __mmask32 mask = _cvtu32_mask32((1u << n) - 1);
+      return _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(mask, x),
+                              (__m512bh)_mm512_maskz_loadu_epi16(mask, c));
+    }
+  };
 };
 
 }  // namespace RWKV_ISA
