@@ -24,7 +24,6 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -432,12 +431,9 @@ void add_residual(T* y, const T* residual, const T* gate, int64_t n) {
   }
 }
 
-// A bf16 value's fp32 value (exact).
+// A bf16 value's fp32 value (exact), from its bits.
 inline float bf16_value(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return static_cast<float>(c10::BFloat16(b, c10::BFloat16::from_bits()));
 }
 
 // add_residual for bf16, to the same bits: the same fp32 operations, rounded to bf16 by the
