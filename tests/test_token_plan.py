@@ -195,6 +195,31 @@ def test_planned_products_equal_the_op_and_guard_their_shapes():
     assert torch.equal(y, want)
 
 
+def tail_program(index):
+    """x (slot 0) through aten::to(x, float32) and aten::select(_, 0, index): the steps a graph
+    ends with (its logits in fp32, then their one row)."""
+    to = [0, 5, T, 0, I, int(6), B, 0, B, 0, N, 1, 1]  # 6: c10::ScalarType::Float
+    select = [1, 3, T, 1, I, 0, I, index, 1, 2]
+    return [1, 3, 2, *to, *select, 1, 2]
+
+
+@pytest.mark.parametrize("x", [
+    torch.randn(1, 37).bfloat16(),                    # run in the plan: widened, then aliased
+    torch.randn(1, 74).bfloat16()[:, ::2],             # not contiguous: aten's to
+    torch.randn(1, 37),                                # already fp32: aten's to (x itself)
+    torch.randn(3, 37).bfloat16(),                     # several rows: aten's select
+], ids=["bf16", "strided", "fp32", "rows"])
+@pytest.mark.parametrize("index", [0, -1])
+def test_the_graph_tail_equals_aten(x, index):
+    """The graph's last steps (aten::to to fp32, aten::select of the row), which the plan runs
+    itself for a contiguous bf16 one-row result: the values, dtype and shape of aten's."""
+    plan, _ = make_plan(tail_program(index), names=("aten::to.dtype", "aten::select.int"))
+    want = x.to(torch.float32).select(0, index)
+    for _ in range(2):
+        (y,) = plan.run(x, [])
+        assert y.dtype == torch.float32 and y.shape == want.shape and torch.equal(y, want)
+
+
 @pytest.mark.parametrize("code,match", [
     ([], "the program ends early"),
     ([0, 1, 0, 0], "n_inputs must be at least 1"),

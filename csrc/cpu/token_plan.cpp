@@ -39,6 +39,7 @@
 
 #include <array>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "cpu/into.h"
+#include "cpu/pooled.h"
 #include "cpu/product_step.h"
 
 namespace rwkv {
@@ -343,6 +345,70 @@ Call product_call(const Step& s, bool reuse) {
   };
 }
 
+// t [1, ...] as t[0]: an alias of t's memory, as aten::select returns it (the plan runs without
+// autograd, and nothing else holds the head's [1, V] result that this is taken from).
+at::Tensor first_row(const at::Tensor& t) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(),
+                                                   t.dtype());
+  impl->set_sizes_and_strides(t.sizes().slice(1), t.strides().slice(1), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// A contiguous bf16 tensor's values in a new fp32 tensor (exact: a bf16 value is the high half of
+// its fp32 bits).
+at::Tensor widened_bf16(const at::Tensor& t) {
+  at::Tensor out = pooled_empty(t.sizes(), at::kFloat);
+  const auto* s = reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+  auto* d = reinterpret_cast<uint32_t*>(out.data_ptr<float>());
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+  return out;
+}
+
+// The two aten steps a one-token graph ends with, run without the dispatcher where they can be:
+// the head's result [1, V] taken as [V] (aten::select.int) and, for bf16 activations, the logits
+// widened to fp32 (aten::to.dtype), with the same values. They run right after the head has
+// streamed the largest weight, which flushes the dispatcher's code and tables from the caches:
+// through it they took ~55 and ~65 us of a 1.5b token (benchmarks/RESULTS.md, thirty-fifth
+// session). Other arguments, and other ops, take `boxed`; nullptr: not one of these ops.
+Call aten_call(const Step& s, const Call& boxed) {
+  const auto tags = [&](std::initializer_list<int64_t> want) {
+    if (s.args.size() != want.size()) return false;
+    size_t k = 0;
+    for (const int64_t tag : want)
+      if (s.args[k++].tag != tag) return false;
+    return true;
+  };
+  if (s.op == "aten::select.int" && tags({kTensor, kInt, kInt})) {
+    const bool first = s.args[1].i == 0 && (s.args[2].i == 0 || s.args[2].i == -1);
+    if (!first) return nullptr;
+    return [boxed](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
+      Args a(st, consts, env);
+      const at::Tensor& t = a.tensor(0);
+      if (t.defined() && t.device().is_cpu() && t.dim() >= 1 && t.size(0) == 1 &&
+          !t.requires_grad()) {
+        store(st, env, first_row(t));
+      } else {
+        boxed(st, consts, env);
+      }
+    };
+  }
+  // to(self, dtype, non_blocking, copy, memory_format): fp32, no copy asked for, no format.
+  if (s.op == "aten::to.dtype" && tags({kTensor, kInt, kBool, kBool, kNone})) {
+    if (s.args[1].i != static_cast<int64_t>(at::kFloat) || s.args[3].b) return nullptr;
+    return [boxed](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
+      Args a(st, consts, env);
+      const at::Tensor& t = a.tensor(0);
+      if (t.defined() && t.device().is_cpu() && t.scalar_type() == at::kBFloat16 &&
+          t.is_contiguous() && !t.requires_grad()) {
+        store(st, env, widened_bf16(t));
+      } else {
+        boxed(st, consts, env);
+      }
+    };
+  }
+  return nullptr;
+}
+
 // Any other op: called boxed through the dispatcher (all its keys), as the interpreter calls it.
 Call boxed_call(const Step& s) {
   const size_t dot = s.op.find('.', s.op.find("::"));
@@ -502,7 +568,10 @@ class OneTokenPlan : public torch::CustomClassHolder {
     for (Step& s : steps_) {
       s.call = typed_call(s);
       s.typed = static_cast<bool>(s.call);
-      if (!s.typed) s.call = boxed_call(s);
+      if (!s.typed) {
+        s.call = boxed_call(s);
+        if (Call fast = aten_call(s, s.call)) s.call = std::move(fast);
+      }
     }
     // Product steps whose results may go into tensors they reuse: no result of the graph, and
     // read only by typed steps (rwkv ops, which never return an input or a view of one).
