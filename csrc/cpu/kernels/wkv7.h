@@ -62,6 +62,73 @@ inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, c
   return y;
 }
 
+// wkv7_dot and wkv7_row for n a multiple of V::width, returning the register whose lanes sum to
+// the dot product (wkv7_block reduces V::width rows' registers at once, reduce_add_columns).
+template <class V>
+inline typename V::reg wkv7_dot_lanes(const float* a, const float* b, int64_t n) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  R acc0 = V::zero(), acc1 = V::zero();
+  int64_t j = 0;
+  for (; j + 2 * W <= n; j += 2 * W) {
+    acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
+    acc1 = V::fma(V::load(a + j + W), V::load(b + j + W), acc1);
+  }
+  if (j < n) acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
+  return V::add(acc0, acc1);
+}
+
+template <class V, bool kStream>
+inline typename V::reg wkv7_row_lanes(int64_t n, const float* src, float* row, const float* w,
+                                      const float* b, const float* k, const float* r, float sa,
+                                      float vi) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  const R sav = V::set1(sa), viv = V::set1(vi);
+  R acc = V::zero();
+  for (int64_t j = 0; j < n; j += W) {
+    const R add = V::fma(sav, V::load(b + j), V::mul(viv, V::load(k + j)));
+    const R s = V::fma(V::load(src + j), V::load(w + j), add);
+    if (kStream)
+      V::stream(row + j, s);
+    else
+      V::store(row + j, s);
+    acc = V::fma(s, V::load(r + j), acc);
+  }
+  return acc;
+}
+
+// One head's rows for one token (the recurrence's core in wkv7_block), V::width rows at a time
+// when N is a multiple of it: the rows' dot products with -kk, then their updates and dot
+// products with r, each set of V::width sums reduced in one go (reduce_add_columns) rather
+// than one horizontal sum per row. y[i] for each row i.
+template <class V, bool kStream>
+inline void wkv7_rows(int64_t N, const float* from, float* S, const float* dec, const float* b,
+                      const float* k2, const float* nk, const float* r, const float* v2,
+                      float* y) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  if (N % W != 0) {
+    for (int64_t i = 0; i < N; ++i) {
+      const float* src = from + i * N;
+      const float sa = wkv7_dot<V>(nk, src, N);
+      y[i] = wkv7_row<V, kStream>(N, src, S + i * N, dec, b, k2, r, sa, v2[i]);
+    }
+    return;
+  }
+  for (int64_t i0 = 0; i0 < N; i0 += W) {
+    R acc[W];
+    alignas(64) float sa[W];
+    for (int q = 0; q < W; ++q) acc[q] = wkv7_dot_lanes<V>(nk, from + (i0 + q) * N, N);
+    V::store(sa, V::reduce_add_columns(acc));
+    for (int q = 0; q < W; ++q) {
+      const int64_t i = i0 + q;
+      acc[q] = wkv7_row_lanes<V, kStream>(N, from + i * N, S + i * N, dec, b, k2, r, sa[q], v2[i]);
+    }
+    V::store(y + i0, V::reduce_add_columns(acc));
+  }
+}
+
 template <class V>
 void wkv7(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
           const float* r, const float* w, const float* k, const float* v, const float* a,
@@ -108,6 +175,56 @@ inline void wkv7_sigmoid_sum(int64_t n, const float* x0, const float* x, float s
   }
 }
 
+// One head's vectors for one token of wkv7_block, from its rows of k, v, r (and v_first, or
+// nullptr) and of the parameters k_k, k_a, r_k, with as = sigmoid(a0 + a) and, with v_first, v2 =
+// sigmoid(v0 + v_gate) on entry: kk = k*k_k, nk = -kk/|kk|, b = kk/|kk|*as, k2 = k*(1 + (as -
+// 1)*k_a), v2 = v + (v_first - v)*v2 (or v). Returns the bonus's sum(r*k2*r_k). Whole registers,
+// then the rest one value at a time.
+template <class V>
+inline float wkv7_head(int64_t N, const float* k, const float* v, const float* r,
+                       const float* vf, const float* k_k, const float* k_a, const float* r_k,
+                       const float* as, float* k2, float* v2, float* nk, float* b) {
+  using R = typename V::reg;
+  constexpr int W = V::width;
+  const int64_t full = N - N % W;
+  const R one = V::set1(1.0f);
+  R ssv = V::zero();
+  for (int64_t j = 0; j < full; j += W) {
+    const R kv = V::load(k + j), kk = V::mul(kv, V::load(k_k + j));
+    ssv = V::fma(kk, kk, ssv);
+    V::store(nk + j, kk);
+    V::store(k2 + j, V::mul(kv, V::add(one, V::mul(V::sub(V::load(as + j), one), V::load(k_a + j)))));
+    const R vv = V::load(v + j);
+    V::store(v2 + j, vf != nullptr ? V::add(vv, V::mul(V::sub(V::load(vf + j), vv), V::load(v2 + j)))
+                                   : vv);
+  }
+  float ss = V::reduce_add(ssv);
+  for (int64_t j = full; j < N; ++j) {
+    const float kk = k[j] * k_k[j];
+    ss += kk * kk;
+    nk[j] = kk;
+    k2[j] = k[j] * (1.0f + (as[j] - 1.0f) * k_a[j]);
+    v2[j] = vf != nullptr ? v[j] + (vf[j] - v[j]) * v2[j] : v[j];
+  }
+  const float inv = 1.0f / std::max(std::sqrt(ss), 1e-12f);
+  const R invv = V::set1(inv);
+  R bon = V::zero();
+  for (int64_t j = 0; j < full; j += W) {
+    const R n = V::mul(V::load(nk + j), invv);
+    V::store(b + j, V::mul(n, V::load(as + j)));
+    V::store(nk + j, V::sub(V::zero(), n));
+    bon = V::fma(V::mul(V::load(r + j), V::load(k2 + j)), V::load(r_k + j), bon);
+  }
+  float bonus = V::reduce_add(bon);
+  for (int64_t j = full; j < N; ++j) {
+    nk[j] *= inv;
+    b[j] = nk[j] * as[j];
+    nk[j] = -nk[j];
+    bonus += r[j] * k2[j] * r_k[j];
+  }
+  return bonus;
+}
+
 template <class V>
 void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* state,
                 const float* state_in, const float* r, const float* w, const float* k,
@@ -132,30 +249,14 @@ void wkv7_block(int64_t T, int64_t H, int64_t N, int64_t h0, int64_t h1, float* 
       wkv7_sigmoid_sum<V>(N, w0 + c, w + o, -0.606531f, dec);
       wkv7_sigmoid_sum<V>(N, a0 + c, a + o, 1.0f, as);
       if (v_first != nullptr) wkv7_sigmoid_sum<V>(N, v0 + c, v_gate + o, 1.0f, v2);
-      float ss = 0.0f;
-      for (int64_t j = 0; j < N; ++j) {
-        const float kk = k[o + j] * k_k[c + j];
-        ss += kk * kk;
-        nk[j] = kk;
-        k2[j] = k[o + j] * (1.0f + (as[j] - 1.0f) * k_a[c + j]);
-        v2[j] = v_first != nullptr ? v[o + j] + (v_first[o + j] - v[o + j]) * v2[j] : v[o + j];
-      }
-      const float inv = 1.0f / std::max(std::sqrt(ss), 1e-12f);
-      float bonus = 0.0f;
-      for (int64_t j = 0; j < N; ++j) {
-        nk[j] *= inv;
-        b[j] = nk[j] * as[j];
-        nk[j] = -nk[j];
-        bonus += r[o + j] * k2[j] * r_k[c + j];
-      }
+      const float bonus = wkv7_head<V>(N, k + o, v + o, r + o,
+                                       v_first != nullptr ? v_first + o : nullptr, k_k + c,
+                                       k_a + c, r_k + c, as, k2, v2, nk, b);
       const float* from = t == 0 ? S0 : S;
-      const bool last = stream && t == T - 1;
-      for (int64_t i = 0; i < N; ++i) {
-        const float* src = from + i * N;
-        const float sa = wkv7_dot<V>(nk, src, N);
-        y[o + i] = last ? wkv7_row<V, true>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i])
-                        : wkv7_row<V>(N, src, S + i * N, dec, b, k2, r + o, sa, v2[i]);
-      }
+      if (stream && t == T - 1)
+        wkv7_rows<V, true>(N, from, S, dec, b, k2, nk, r + o, v2, y + o);
+      else
+        wkv7_rows<V, false>(N, from, S, dec, b, k2, nk, r + o, v2, y + o);
       group_norm_gate(N, y + o, lx_w + c, lx_b + c, eps, g + o, bonus, v2);
     }
   }
