@@ -17,53 +17,9 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-template <class V>
-inline float wkv7_dot(const float* a, const float* b, int64_t n) {
-  using R = typename V::reg;
-  constexpr int W = V::width;
-  R acc0 = V::zero(), acc1 = V::zero();
-  int64_t j = 0;
-  for (; j + 2 * W <= n; j += 2 * W) {
-    acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
-    acc1 = V::fma(V::load(a + j + W), V::load(b + j + W), acc1);
-  }
-  for (; j + W <= n; j += W) acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
-  float s = V::reduce_add(V::add(acc0, acc1));
-  for (; j < n; ++j) s += a[j] * b[j];
-  return s;
-}
-
-// Writes the updated state row `src` to `row` (the same pointer: in place) and returns its dot
-// product with r. kStream: the row is written past the caches (V::stream; row aligned, n whole
-// registers), for a state not read again in this call.
-template <class V, bool kStream = false>
-inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, const float* b,
-                      const float* k, const float* r, float sa, float vi) {
-  using R = typename V::reg;
-  constexpr int W = V::width;
-  const R sav = V::set1(sa), viv = V::set1(vi);
-  R acc = V::zero();
-  int64_t j = 0;
-  for (; j + W <= n; j += W) {
-    const R add = V::fma(sav, V::load(b + j), V::mul(viv, V::load(k + j)));
-    const R s = V::fma(V::load(src + j), V::load(w + j), add);
-    if (kStream)
-      V::stream(row + j, s);
-    else
-      V::store(row + j, s);
-    acc = V::fma(s, V::load(r + j), acc);
-  }
-  float y = V::reduce_add(acc);
-  for (; j < n; ++j) {
-    const float s = src[j] * w[j] + (sa * b[j] + vi * k[j]);
-    row[j] = s;
-    y += s * r[j];
-  }
-  return y;
-}
-
-// wkv7_dot and wkv7_row for n a multiple of V::width, returning the register whose lanes sum to
-// the dot product (wkv7_block reduces V::width rows' registers at once, reduce_add_columns).
+// The dot product a . b over its whole registers (n - n % V::width values, two accumulators),
+// as one register whose lanes sum to it (wkv7_rows reduces V::width rows' registers at once,
+// reduce_add_columns).
 template <class V>
 inline typename V::reg wkv7_dot_lanes(const float* a, const float* b, int64_t n) {
   using R = typename V::reg;
@@ -74,10 +30,21 @@ inline typename V::reg wkv7_dot_lanes(const float* a, const float* b, int64_t n)
     acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
     acc1 = V::fma(V::load(a + j + W), V::load(b + j + W), acc1);
   }
-  if (j < n) acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
+  if (j + W <= n) acc0 = V::fma(V::load(a + j), V::load(b + j), acc0);
   return V::add(acc0, acc1);
 }
 
+template <class V>
+inline float wkv7_dot(const float* a, const float* b, int64_t n) {
+  float s = V::reduce_add(wkv7_dot_lanes<V>(a, b, n));
+  for (int64_t j = n - n % V::width; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+// Writes the updated state row `src` to `row` (the same pointer: in place) over its whole
+// registers (n - n % V::width values) and returns the register whose lanes sum to their dot
+// product with r. kStream: the row is written past the caches (V::stream; row aligned), for a
+// state not read again in this call.
 template <class V, bool kStream>
 inline typename V::reg wkv7_row_lanes(int64_t n, const float* src, float* row, const float* w,
                                       const float* b, const float* k, const float* r, float sa,
@@ -86,7 +53,7 @@ inline typename V::reg wkv7_row_lanes(int64_t n, const float* src, float* row, c
   constexpr int W = V::width;
   const R sav = V::set1(sa), viv = V::set1(vi);
   R acc = V::zero();
-  for (int64_t j = 0; j < n; j += W) {
+  for (int64_t j = 0; j + W <= n; j += W) {
     const R add = V::fma(sav, V::load(b + j), V::mul(viv, V::load(k + j)));
     const R s = V::fma(V::load(src + j), V::load(w + j), add);
     if (kStream)
@@ -96,6 +63,20 @@ inline typename V::reg wkv7_row_lanes(int64_t n, const float* src, float* row, c
     acc = V::fma(s, V::load(r + j), acc);
   }
   return acc;
+}
+
+// The whole row (wkv7_row_lanes, then the values past the last register), returning its dot
+// product with r (kStream: n whole registers).
+template <class V, bool kStream = false>
+inline float wkv7_row(int64_t n, const float* src, float* row, const float* w, const float* b,
+                      const float* k, const float* r, float sa, float vi) {
+  float y = V::reduce_add(wkv7_row_lanes<V, kStream>(n, src, row, w, b, k, r, sa, vi));
+  for (int64_t j = n - n % V::width; j < n; ++j) {
+    const float s = src[j] * w[j] + (sa * b[j] + vi * k[j]);
+    row[j] = s;
+    y += s * r[j];
+  }
+  return y;
 }
 
 // One head's rows for one token (the recurrence's core in wkv7_block), V::width rows at a time
