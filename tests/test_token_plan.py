@@ -220,6 +220,24 @@ def test_the_graph_tail_equals_aten(x, index):
         assert y.dtype == torch.float32 and y.shape == want.shape and torch.equal(y, want)
 
 
+def test_run_row_takes_the_embedding_row_itself():
+    """run_row(emb, token, state) is run(emb[token:token + 1], state), the row taken in the plan
+    (an alias, no copy), for an embedding that is itself a view at an offset; ids outside
+    [0, V) and embeddings that are not 2-D are refused."""
+    plan, _ = make_plan(group_program())
+    emb = torch.randn(9, 48)[2:7]  # [5, 48] at a storage offset
+    for token in (0, 3, 4):
+        (want,) = plan.run(emb.narrow(0, token, 1), [])
+        (got,) = plan.run_row(emb, token, [])
+        assert torch.equal(got, want)
+    with pytest.raises(IndexError, match=r"token 5 is out of range \[0, 5\)"):
+        plan.run_row(emb, 5, [])
+    with pytest.raises(IndexError, match="token -1 is out of range"):
+        plan.run_row(emb, -1, [])
+    with pytest.raises(ValueError, match="emb must be a 2-D CPU tensor"):
+        plan.run_row(emb[0], 0, [])
+
+
 @pytest.mark.parametrize("code,match", [
     ([], "the program ends early"),
     ([0, 1, 0, 0], "n_inputs must be at least 1"),

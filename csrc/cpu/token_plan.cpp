@@ -345,13 +345,19 @@ Call product_call(const Step& s, bool reuse) {
   };
 }
 
-// t [1, ...] as t[0]: an alias of t's memory, as aten::select returns it (the plan runs without
-// autograd, and nothing else holds the head's [1, V] result that this is taken from).
-at::Tensor first_row(const at::Tensor& t) {
+// A tensor of `sizes` and `strides` at element `offset` of t's memory: an alias, as aten's view
+// ops return it (the plan runs without autograd), made without the dispatcher.
+at::Tensor alias_of(const at::Tensor& t, at::IntArrayRef sizes, at::IntArrayRef strides,
+                    int64_t offset) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(),
                                                    t.dtype());
-  impl->set_sizes_and_strides(t.sizes().slice(1), t.strides().slice(1), t.storage_offset());
+  impl->set_sizes_and_strides(sizes, strides, offset);
   return at::Tensor(std::move(impl));
+}
+
+// t [1, ...] as t[0] (nothing else holds the head's [1, V] result that this is taken from).
+at::Tensor first_row(const at::Tensor& t) {
+  return alias_of(t, t.sizes().slice(1), t.strides().slice(1), t.storage_offset());
 }
 
 // A contiguous bf16 tensor's values in a new fp32 tensor (exact: a bf16 value is the high half of
@@ -603,6 +609,21 @@ class OneTokenPlan : public torch::CustomClassHolder {
     }
   }
 
+  // run() on x = emb[token:token + 1] (emb [V, C] on the CPU), the row taken here as an alias
+  // (aten's narrow, called from Python after the last token's head had flushed the dispatcher
+  // from the caches, took ~40 us a token).
+  std::vector<at::Tensor> run_row(at::Tensor emb, int64_t token,
+                                  std::vector<at::Tensor> state) const {
+    TORCH_CHECK_VALUE(emb.dim() == 2 && emb.device().is_cpu(),
+                      "OneTokenPlan.run_row: emb must be a 2-D CPU tensor, got ", emb.sizes(),
+                      " on ", emb.device());
+    TORCH_CHECK_INDEX(token >= 0 && token < emb.size(0), "OneTokenPlan.run_row: token ", token,
+                      " is out of range [0, ", emb.size(0), ")");
+    const int64_t sizes[] = {1, emb.size(1)};
+    return run(alias_of(emb, sizes, emb.strides(), emb.storage_offset() + token * emb.stride(0)),
+               std::move(state));
+  }
+
   // x: the token's embedding row; state: the model's state tensors in the graph's order.
   // Returns the graph's results ([logits, *new state]).
   // One call at a time (planned product steps keep state between calls).
@@ -654,6 +675,7 @@ TORCH_LIBRARY_FRAGMENT(rwkv, m) {
       .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>,
                        std::vector<std::string>>())
       .def("run", &rwkv::cpu::OneTokenPlan::run)
+      .def("run_row", &rwkv::cpu::OneTokenPlan::run_row)
       .def("typed_steps", &rwkv::cpu::OneTokenPlan::typed_steps)
       .def("steps", &rwkv::cpu::OneTokenPlan::steps)
       .def("planned_steps", &rwkv::cpu::OneTokenPlan::planned_steps);

@@ -276,16 +276,16 @@ class CPUGraphDecoder:
     def forward_one(self, token: int, state: list):
         """token: a range-checked id; state: a validated state list (never written). Returns
         (logits [V] fp32, new state list), those of ``Runtime.forward``. x is the embedding's row
-        as a view (no op writes its input x)."""
+        as a view (no op writes its input x); the plan takes that row itself (run_row)."""
+        if self.plan is not None:
+            out = self.plan.run_row(self.rt.emb, token, state)  # [logits, *new state]
+            return out[0], out[1:]
         x = self.rt.emb.narrow(0, token, 1)
         if self.fn is None and self.failed is None:
             return self._trace(x, state)
         if self.fn is None:
             return self.rt.run(x, state, False)
-        if self.plan is not None:
-            out = self.plan.run(x, state)  # [logits, *new state]
-        else:
-            out = self.fn(x, *state)
+        out = self.fn(x, *state)
         return out[0], out[1:]
 
     def _trace(self, x: torch.Tensor, state: list):
