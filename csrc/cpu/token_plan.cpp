@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/float_io.h"
 #include "cpu/into.h"
 #include "cpu/pooled.h"
 #include "cpu/product_step.h"
@@ -360,13 +361,11 @@ at::Tensor first_row(const at::Tensor& t) {
   return alias_of(t, t.sizes().slice(1), t.strides().slice(1), t.storage_offset());
 }
 
-// A contiguous bf16 tensor's values in a new fp32 tensor (exact: a bf16 value is the high half of
-// its fp32 bits).
+// A bf16 tensor's values in a new pooled fp32 tensor (exact), by float_io.h's loop at any length
+// (its widened() hands long tensors to ATen's conversion, the dispatcher this avoids).
 at::Tensor widened_bf16(const at::Tensor& t) {
   at::Tensor out = pooled_empty(t.sizes(), at::kFloat);
-  const auto* s = reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-  auto* d = reinterpret_cast<uint32_t*>(out.data_ptr<float>());
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+  fp32_values(t, out.data_ptr<float>());
   return out;
 }
 

@@ -143,11 +143,10 @@ inline int64_t short_column_groups(int64_t N, int64_t m0, int64_t m1, bool seque
 // Output columns [m0, m1): short columns in groups of W (short_column_groups; a last partial
 // group as below), else one column after another (sequential: one sequential stream per thread,
 // what AMD Zen 4 streams fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s) or 4
-// streams (streams.h) with
-// a software prefetch 2 KiB ahead (the twenty-fifth session's Intel Xeon, against the 4 adjacent
-// columns without prefetch before, per-token A/B in one process, 1.5b v6: `cpu fp32` on
-// avx512bf16 ~-13 ms per token of ~215, `cpu bf16` on the avx512 and avx2 kernels ~-25 of ~120;
-// docs/kernels.md).
+// streams (streams.h) with a software prefetch 2 KiB ahead (the twenty-fifth session's Intel
+// Xeon, against the 4 adjacent columns without prefetch before, per-token A/B in one process,
+// 1.5b v6: `cpu fp32` on avx512bf16 ~-13 ms per token of ~215, `cpu bf16` on the avx512 and avx2
+// kernels ~-25 of ~120; docs/kernels.md).
 template <class V, class T>
 void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, float* y,
                 bool sequential) {

@@ -71,14 +71,14 @@ void maa_mix(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
   }
 }
 
-// One token: for half-mixes [u0, u1) (u = 2i + half), acc[u, :] = the fma chain, from zero, of
-// zt[i*D + j] * w2[i, j, :] over the half's rows j ([0, h) or [h, D)); acc [2n, C]. Four rows per
-// pass over the unit's acc row, so it is loaded and stored once per four rows read.
 // maa_half_sums' software prefetch distance on each of its row streams (from DRAM, with
 // 1.5B RWKV-6 shapes, maa_lora_one: bf16 66-67 -> 60-61 us, fp32 98-101 -> 94-97 us a call;
 // the hardware prefetchers start afresh on every 4 KiB page of the four rows).
 constexpr int64_t kAheadBytes = 2048;
 
+// One token: for half-mixes [u0, u1) (u = 2i + half), acc[u, :] = the fma chain, from zero, of
+// zt[i*D + j] * w2[i, j, :] over the half's rows j ([0, h) or [h, D)); acc [2n, C]. Four rows per
+// pass over the unit's acc row, so it is loaded and stored once per four rows read.
 template <class V, class W>
 void maa_half_sums(int64_t C, int64_t D, int64_t u0, int64_t u1, const float* zt, const W* w2,
                    float* acc) {
