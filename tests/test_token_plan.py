@@ -148,6 +148,45 @@ def test_a_plan_that_fails_leaves_the_torchscript_function(paths, monkeypatch, c
     assert same(a, b)
 
 
+def program_ops(code, names):
+    """The op names of an encoded program's steps, in order (the format: csrc/cpu/token_plan.cpp)."""
+    arg_len = {T: 2, TL: None, I: 2, IL: None, F: 2, B: 2, N: 1}
+    pos, ops_ = 3, []
+    for _ in range(code[2]):
+        op, n_args = code[pos], code[pos + 1]
+        pos += 2
+        for _ in range(n_args):
+            tag = code[pos]
+            pos += arg_len[tag] if arg_len[tag] is not None else 2 + code[pos + 1]
+        pos += 1 + code[pos]  # the outs
+        ops_.append(names[op])
+    assert pos + 1 + code[pos] == len(code)  # then the results, and nothing else
+    return ops_
+
+
+@pytest.mark.parametrize("v", ["6", "7"])  # the versions with block ops (RWKV-5's state is updated by wkv5_forward)
+def test_new_states_are_allocated_before_the_layers_run(paths, v, monkeypatch):
+    """The plan allocates every layer's new matrix state at its start, not between the layers'
+    products (cpu_graph._allocations_first), and gives the op-by-op results."""
+    programs = []
+    real = cpu_graph.encode_plan
+
+    def recording(graph):
+        enc = real(graph)
+        programs.append(enc)
+        return enc
+
+    monkeypatch.setattr(cpu_graph, "encode_plan", recording)
+    m, plain, s = pair(paths[v], "cpu fp32")
+    assert same(decode(m, [t.clone() for t in s], [5, 7]), decode(plain, [t.clone() for t in s], [5, 7]))
+    assert m._graph.plan is not None and len(programs) == 1
+    _, code, _, names = programs[0]
+    ops_ = program_ops(code, names)
+    n = ops_.count("rwkv::pooled_empty_like")
+    assert n == CFG["n_layer"]
+    assert ops_[:n] == ["rwkv::pooled_empty_like"] * n
+
+
 def test_encode_refuses_a_graph_that_returns_no_list():
     def f(x):
         return x * 2, x + 1
