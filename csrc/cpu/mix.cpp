@@ -66,6 +66,23 @@ at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt) {
   return t;
 }
 
+// The new shift state (the C floats at row) in dt: into itself where given (a contiguous [C]
+// tensor of dt: a plan's result tensor made at its start, cpu/token_plan.cpp), else a new tensor.
+at::Tensor shift_result(const float* row, int64_t C, at::ScalarType dt, const at::Tensor* into) {
+  if (into == nullptr) return row_values(row, C, dt);
+  TORCH_CHECK(into->scalar_type() == dt && into->dim() == 1 && into->size(0) == C &&
+                  into->is_contiguous(),
+              "ln_mix_split: the tensor to write the new shift state into must be a contiguous [",
+              C, "] ", c10::toString(dt), " tensor, got ", into->sizes(), " ",
+              c10::toString(into->scalar_type()));
+  if (dt == at::kFloat) {
+    std::memcpy(into->data_ptr<float>(), row, static_cast<size_t>(C) * sizeof(float));
+  } else {
+    narrow_into(row, *into);
+  }
+  return *into;
+}
+
 // ln_mix's computation. Its results: [xx, mixed [n, T, C]]; split (ln_mix_split): [xx, the new
 // shift state (xx's last row; sx's values when T is 0), the n mixes [T, C] as separate tensors].
 // While decoding, the selects and the unbind that split ln_mix's results cost ~5-20 us each
@@ -106,7 +123,7 @@ std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, co
   if (!split) {
     res.push_back(out.stacked());
   } else {
-    res.push_back(row_values(d.T > 0 ? xxp + (d.T - 1) * d.C : sxp, d.C, dt));
+    res.push_back(shift_result(d.T > 0 ? xxp + (d.T - 1) * d.C : sxp, d.C, dt, into_at(into, 1)));
     out.take_into(res);
   }
   return res;

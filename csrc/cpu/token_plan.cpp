@@ -268,40 +268,81 @@ struct Reusing;
 template <class Ret, class... P>
 struct Reusing<Ret(P...)> {
   using Fn = Ret (*)(P..., Into);
+  // fresh (where given): the results that get a new tensor every call (they outlive the token),
+  // made by prepare, which the plan runs at its start, before any weights have gone through the
+  // caches (allocating among the layers' products, each allocation ran cold).
   template <size_t... K>
-  static Call make(const Step& s, Fn fn, std::vector<bool> reuse, std::index_sequence<K...>) {
+  static Call make(const Step& s, Fn fn, std::vector<bool> reuse, std::vector<bool> fresh,
+                   std::function<void()>* prepare, std::index_sequence<K...>) {
     Call first = Typed<Ret(P...)>::make(s);
     auto kept = std::make_shared<std::vector<at::Tensor>>();  // the results' tensors
-    return [fn, first, kept, reuse](const Step& st, const std::vector<at::Tensor>& consts,
-                                    Env& env) {
+    // The fresh results' tensors for the next call, and each one's shape and dtype (from the
+    // first call; no dtype yet before it).
+    struct Fresh {
+      std::vector<at::Tensor> next;
+      std::vector<std::vector<int64_t>> sizes;
+      std::vector<std::optional<at::ScalarType>> dtypes;
+    };
+    auto made = std::make_shared<Fresh>();
+    if (prepare != nullptr) {
+      *prepare = [made, fresh] {
+        for (size_t j = 0; j < made->dtypes.size(); ++j) {
+          if (fresh[j] && made->dtypes[j].has_value())
+            made->next[j] = pooled_empty(made->sizes[j], *made->dtypes[j]);
+        }
+      };
+    }
+    return [fn, first, kept, made, reuse, fresh](const Step& st,
+                                                 const std::vector<at::Tensor>& consts, Env& env) {
       if (kept->empty()) {
         first(st, consts, env);
-        kept->resize(st.outs.size());
-        for (size_t j = 0; j < st.outs.size(); ++j) {
-          if (reuse[j]) (*kept)[j] = env[static_cast<size_t>(st.outs[j])];
+        const size_t n = st.outs.size();
+        kept->resize(n);
+        made->next.resize(n);
+        made->sizes.resize(n);
+        made->dtypes.resize(n);
+        for (size_t j = 0; j < n; ++j) {
+          const at::Tensor& t = env[static_cast<size_t>(st.outs[j])];
+          if (reuse[j]) (*kept)[j] = t;
+          if (j < fresh.size() && fresh[j] && t.is_contiguous()) {
+            made->sizes[j] = t.sizes().vec();
+            made->dtypes[j] = t.scalar_type();
+          }
         }
         return;
       }
       c10::SmallVector<const at::Tensor*, 8> into;
-      for (const at::Tensor& t : *kept) into.push_back(t.defined() ? &t : nullptr);
+      for (size_t j = 0; j < kept->size(); ++j) {
+        const at::Tensor& k = (*kept)[j];
+        const at::Tensor& f = made->next[j];
+        into.push_back(k.defined() ? &k : f.defined() ? &f : nullptr);
+      }
       Args a(st, consts, env);
       store(st, env, fn(Get<P>::get(a, st, K)..., Into(into)));
+      for (at::Tensor& f : made->next) f.reset();  // each given out once (the result holds it)
     };
   }
-  static Call make(const Step& s, Fn fn, std::vector<bool> reuse) {
-    return make(s, fn, std::move(reuse), std::index_sequence_for<P...>{});
+  static Call make(const Step& s, Fn fn, std::vector<bool> reuse,
+                   std::vector<bool> fresh = {}, std::function<void()>* prepare = nullptr) {
+    return make(s, fn, std::move(reuse), std::move(fresh), prepare,
+                std::index_sequence_for<P...>{});
   }
 };
 
 // The block and mix ops with an *_into form, reusing the results marked in reuse; nullptr for
-// other ops or where nothing is reused.
-Call reusing_call(const Step& s, const std::vector<bool>& reuse) {
+// other ops or where nothing is reused. ln_mix_split's new shift state, a result of the graph
+// (never reused), is then made at the plan's start instead (*prepare, Reusing's fresh).
+Call reusing_call(const Step& s, const std::vector<bool>& reuse, std::function<void()>* prepare) {
   bool any = false;
   for (const bool r : reuse) any = any || r;
   if (!any) return nullptr;
   const std::string& n = s.op;
-  if (n == "rwkv::ln_mix_split")
-    return Reusing<Vec(T, T, T, T, T, bool, double)>::make(s, &ln_mix_split_into, reuse);
+  if (n == "rwkv::ln_mix_split") {
+    std::vector<bool> fresh(reuse.size(), false);
+    if (fresh.size() > 1) fresh[1] = !reuse[1];
+    return Reusing<Vec(T, T, T, T, T, bool, double)>::make(s, &ln_mix_split_into, reuse, fresh,
+                                                            prepare);
+  }
   if (n == "rwkv::maa_lora_one")
     return Reusing<Vec(T, T, T, T, T, T)>::make(s, &maa_lora_one_into, reuse);
   if (n == "rwkv::wkv6_block")
@@ -600,7 +641,9 @@ class OneTokenPlan : public torch::CustomClassHolder {
       bool all = true;
       for (const bool r : reuse) all = all && r;
       Call planned = product_call(s, all);
-      if (!planned) planned = reusing_call(s, reuse);
+      std::function<void()> prepare;
+      if (!planned) planned = reusing_call(s, reuse, &prepare);
+      if (planned && prepare) prepare_.push_back(std::move(prepare));
       if (planned) {
         s.call = std::move(planned);
         ++planned_;
@@ -631,6 +674,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
     TORCH_CHECK_VALUE(static_cast<int64_t>(state.size()) + 1 == n_inputs_,
                       "OneTokenPlan.run: the state must hold ", n_inputs_ - 1, " tensors, got ",
                       state.size());
+    for (const auto& prepare : prepare_) prepare();
     Env env(static_cast<size_t>(n_slots_));
     env[0] = std::move(x);
     for (size_t i = 0; i < state.size(); ++i) env[i + 1] = std::move(state[i]);
@@ -660,6 +704,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
   std::vector<at::Tensor> consts_;
   int64_t n_inputs_ = 0, n_slots_ = 0;
   std::vector<Step> steps_;
+  std::vector<std::function<void()>> prepare_;  // run at each call's start (Reusing's fresh)
   std::vector<int64_t> results_;
   int64_t planned_ = 0;  // steps run as planned products
   mutable std::mutex mu_;
