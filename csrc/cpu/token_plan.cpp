@@ -284,7 +284,10 @@ struct Reusing<Ret(P...)> {
       std::vector<std::optional<at::ScalarType>> dtypes;
     };
     auto made = std::make_shared<Fresh>();
-    if (prepare != nullptr) {
+    fresh.resize(reuse.size(), false);  // one flag per result
+    bool any_fresh = false;
+    for (const bool f : fresh) any_fresh = any_fresh || f;
+    if (prepare != nullptr && any_fresh) {
       *prepare = [made, fresh] {
         for (size_t j = 0; j < made->dtypes.size(); ++j) {
           if (fresh[j] && made->dtypes[j].has_value())
@@ -304,7 +307,7 @@ struct Reusing<Ret(P...)> {
         for (size_t j = 0; j < n; ++j) {
           const at::Tensor& t = env[static_cast<size_t>(st.outs[j])];
           if (reuse[j]) (*kept)[j] = t;
-          if (j < fresh.size() && fresh[j] && t.is_contiguous()) {
+          if (fresh[j] && t.is_contiguous()) {
             made->sizes[j] = t.sizes().vec();
             made->dtypes[j] = t.scalar_type();
           }

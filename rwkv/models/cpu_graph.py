@@ -246,9 +246,11 @@ def encode_plan(graph) -> tuple:
 def _allocations_first(steps: list, names: list, n_inputs: int) -> list:
     """steps with every ``pooled_empty_like`` of a graph input or constant (a layer's new matrix
     state, shaped like its old one) moved to the front, in order. Each slot is written once, and
-    these steps read nothing any step writes, so they may run first. Run among the layers, right after a product has streamed
-    its weights through the caches, each allocation took ~7 us (cold code and pool data); run
-    together at the start, ~2 us (1.5b RWKV-7, step timer: 170 -> 50 us a token)."""
+    these steps read nothing any step writes, so they may run first. Run among the layers, right
+    after a product has streamed its weights through the caches, each allocation took ~7 us (cold
+    code and pool data); run together at the start, ~2 us (1.5b RWKV-7, step timer: 170 -> 50 us
+    a token). (Results made inside an op, like ln_mix_split's new shift state, are made at the
+    plan's start by the plan itself: Reusing's fresh results, csrc/cpu/token_plan.cpp.)"""
     def early(step) -> bool:
         op, _, args, _ = step
         return names[op] == "rwkv::pooled_empty_like" and args[0] == _TENSOR and args[1] < n_inputs
