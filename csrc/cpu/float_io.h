@@ -52,6 +52,15 @@ inline at::Tensor narrowed(const at::Tensor& y, at::ScalarType dt) {
   return narrowed_values(y.data_ptr<float>(), y.sizes(), dt);
 }
 
+// Checks that `into`, a tensor an op is given to write its result into (a planned op's,
+// cpu/into.h), is contiguous, of `sizes` and of dtype dt; `what` names the result in the error.
+inline void check_into(const at::Tensor& into, at::IntArrayRef sizes, at::ScalarType dt,
+                       const char* what) {
+  TORCH_CHECK(into.scalar_type() == dt && into.sizes() == sizes && into.is_contiguous(), what,
+              ": the tensor to write into must be a contiguous ", sizes, " ", c10::toString(dt),
+              " tensor, got ", into.sizes(), " ", c10::toString(into.scalar_type()));
+}
+
 // Where an op computes a result that it returns in dtype dt. An fp32 result is the returned
 // tensor itself. A short result in another dtype (one token's) is computed in `room`, memory the
 // op took from a per-thread Scratch, and narrowed into the one new tensor: while decoding, an
@@ -67,10 +76,7 @@ class Fp32Result {
              const at::Tensor* into = nullptr)
       : sizes_(sizes.begin(), sizes.end()), dt_(dt), into_(into) {
     if (into != nullptr) {
-      TORCH_CHECK(into->scalar_type() == dt && into->sizes() == sizes && into->is_contiguous(),
-                  "Fp32Result: the tensor to write into must be a contiguous ", sizes, " ",
-                  c10::toString(dt), " tensor, got ", into->sizes(), " ",
-                  c10::toString(into->scalar_type()));
+      check_into(*into, sizes, dt, "Fp32Result");
       if (dt == at::kFloat) {
         p_ = into->data_ptr<float>();  // computed in place
         return;

@@ -58,29 +58,17 @@ class MixResults {
   c10::SmallVector<float*, 6> ptrs_;
 };
 
-// The values of one row of C floats as a new [C] tensor in dt.
-at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt) {
-  if (dt != at::kFloat) return narrowed_values(row, {C}, dt);
-  at::Tensor t = pooled_empty({C}, at::kFloat);
-  std::memcpy(t.data_ptr<float>(), row, static_cast<size_t>(C) * sizeof(float));
-  return t;
-}
-
-// The new shift state (the C floats at row) in dt: into itself where given (a contiguous [C]
-// tensor of dt: a plan's result tensor made at its start, cpu/token_plan.cpp), else a new tensor.
-at::Tensor shift_result(const float* row, int64_t C, at::ScalarType dt, const at::Tensor* into) {
-  if (into == nullptr) return row_values(row, C, dt);
-  TORCH_CHECK(into->scalar_type() == dt && into->dim() == 1 && into->size(0) == C &&
-                  into->is_contiguous(),
-              "ln_mix_split: the tensor to write the new shift state into must be a contiguous [",
-              C, "] ", c10::toString(dt), " tensor, got ", into->sizes(), " ",
-              c10::toString(into->scalar_type()));
+// The values of one row of C floats (the new shift state) as a [C] tensor in dt: into itself
+// where given (a plan's result tensor made at its start, cpu/token_plan.cpp), else a new one.
+at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt, const at::Tensor* into) {
+  if (into != nullptr) check_into(*into, {C}, dt, "ln_mix_split's new shift state");
+  at::Tensor t = into != nullptr ? *into : pooled_empty({C}, dt);
   if (dt == at::kFloat) {
-    std::memcpy(into->data_ptr<float>(), row, static_cast<size_t>(C) * sizeof(float));
+    std::memcpy(t.data_ptr<float>(), row, static_cast<size_t>(C) * sizeof(float));
   } else {
-    narrow_into(row, *into);
+    narrow_into(row, t);
   }
-  return *into;
+  return t;
 }
 
 // ln_mix's computation. Its results: [xx, mixed [n, T, C]]; split (ln_mix_split): [xx, the new
@@ -123,7 +111,7 @@ std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, co
   if (!split) {
     res.push_back(out.stacked());
   } else {
-    res.push_back(shift_result(d.T > 0 ? xxp + (d.T - 1) * d.C : sxp, d.C, dt, into_at(into, 1)));
+    res.push_back(row_values(d.T > 0 ? xxp + (d.T - 1) * d.C : sxp, d.C, dt, into_at(into, 1)));
     out.take_into(res);
   }
   return res;
