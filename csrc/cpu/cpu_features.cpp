@@ -1,5 +1,5 @@
 // CPU instruction-set choice and the one-token kernels' read order (see cpu_features.h) and their
-// test-hook ops rwkv::_cpu_isa, rwkv::_set_cpu_isa, rwkv::_cpu_read_order,
+// test-hook ops rwkv::_cpu_isa, rwkv::_cpu_isa_tables, rwkv::_set_cpu_isa, rwkv::_cpu_read_order,
 // rwkv::_set_cpu_read_order and rwkv::_bf16_round (schemas in rwkv/ops/_schemas.py). Compiled for
 // the baseline ISA.
 #include "cpu/cpu_features.h"
@@ -63,20 +63,41 @@ Isa automatic_isa() {
   return isa;
 }
 
+// One kernel table per ISA, filled only for the ISAs this CPU and OS support: each fill function is
+// compiled with its ISA's flags, so even filling a wider ISA's table may execute its instructions
+// (the compiler is free to store the pointers with zmm registers) and would kill the process with
+// SIGILL on a CPU without them. Rows above detected_isa() stay empty and are never handed out:
+// active_isa() never exceeds detected_isa().
 struct Tables {
   KernelTable row[5] = {};
+  int filled = 0;  // rows 0 .. filled-1 hold kernels (test hook: _cpu_isa_tables)
   Tables() {
-    scalar::fill_kernel_table(&row[0]);
+    using Fill = void (*)(KernelTable*);
+    const Fill fill[5] = {
+        &scalar::fill_kernel_table,
 #if defined(RWKV_HAVE_X86_ISAS)
-    avx2::fill_kernel_table(&row[1]);
-    avx512::fill_kernel_table(&row[2]);
-    avx512vnni::fill_kernel_table(&row[3]);
-    avx512bf16::fill_kernel_table(&row[4]);
+        &avx2::fill_kernel_table, &avx512::fill_kernel_table, &avx512vnni::fill_kernel_table,
+        &avx512bf16::fill_kernel_table,
+#else
+        nullptr, nullptr, nullptr, nullptr,
 #endif
+    };
+    const int highest = static_cast<int>(detected_isa());
+    for (int i = 0; i <= highest && fill[i] != nullptr; ++i) {
+      fill[i](&row[i]);
+      filled = i + 1;
+    }
   }
 };
 
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
 std::string cpu_isa_op() { return isa_name(active_isa()); }
+
+int64_t cpu_isa_tables_op() { return tables().filled; }
 
 // ----------------------------------------------------------------------- one-token read order
 constexpr int kStreams = 0, kSequential = 1;
@@ -178,10 +199,7 @@ Isa active_isa() {
   return forced == kAutomatic ? automatic_isa() : static_cast<Isa>(forced);
 }
 
-const KernelTable& kernels() {
-  static const Tables tables;
-  return tables.row[static_cast<int>(active_isa())];
-}
+const KernelTable& kernels() { return tables().row[static_cast<int>(active_isa())]; }
 
 bool read_sequential() { return active_order() == kSequential; }
 
@@ -191,6 +209,7 @@ bool read_sequential() { return active_order() == kSequential; }
 // These ops take no tensor, so they are registered for CompositeExplicitAutograd (any device).
 TORCH_LIBRARY_IMPL(rwkv, CompositeExplicitAutograd, m) {
   m.impl("_cpu_isa", &rwkv::cpu::cpu_isa_op);
+  m.impl("_cpu_isa_tables", &rwkv::cpu::cpu_isa_tables_op);
   m.impl("_set_cpu_isa", &rwkv::cpu::set_cpu_isa_op);
   m.impl("_cpu_read_order", &rwkv::cpu::cpu_read_order_op);
   m.impl("_set_cpu_read_order", &rwkv::cpu::set_cpu_read_order_op);

@@ -325,6 +325,8 @@ def _linear_one_ffn_fake(x, w, side, act, residual, gate):
 # _set_cpu_isa returns the previously forced one ("" when the choice was automatic).
 _define("_cpu_isa", "() -> str")
 _define("_set_cpu_isa", "(str isa) -> str")
+# How many ISAs' kernel tables were filled (scalar first): only those this CPU and OS run.
+_define("_cpu_isa_tables", "() -> int")
 # The same for the order in which mm8_one_i16 reads the int8 matrix (sequential or streams).
 _define("_cpu_read_order", "() -> str")
 _define("_set_cpu_read_order", "(str order) -> str")

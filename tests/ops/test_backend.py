@@ -2,6 +2,7 @@
 and their hooks."""
 
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -88,6 +89,47 @@ def test_force_cpu_isa_rejects_bad_names():
             with pytest.raises(RuntimeError, match="not supported by this CPU"):
                 with _testing.force_cpu_isa(isa):
                     pass
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return set()
+
+
+def _isas_from_cpu_flags(flags: set) -> list:
+    """The ISAs the kernels may use by the kernel's view of the CPU (Linux hides flags the OS
+    does not save registers for), lowest first; the same rules as csrc/cpu/cpu_features.cpp."""
+    isas = ["scalar"]
+    if {"avx2", "fma"} <= flags:
+        isas.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            isas.append("avx512")
+            if "avx512_vnni" in flags:
+                isas.append("avx512vnni")
+                if "avx512_bf16" in flags:
+                    isas.append("avx512bf16")
+    return isas
+
+
+def test_only_the_cpus_own_isas_are_detected_and_filled():
+    """A wider ISA's code must never run on a CPU without it: even filling its kernel table
+    (compiled with its flags) may execute its instructions and kill the process with SIGILL,
+    as it did on an AVX2-only AMD EPYC. The tables filled must be exactly the CPU's ISAs."""
+    if not has_compiled("wkv7_forward", "cpu"):
+        pytest.skip("no compiled CPU kernels")
+    flags = _cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not flags:
+        pytest.skip("needs an x86-64 Linux CPU to read the flags from /proc/cpuinfo")
+    supported = _testing.supported_cpu_isas()
+    assert supported == _isas_from_cpu_flags(flags)
+    assert torch.ops.rwkv._cpu_isa_tables() == len(supported)
+    # The kernels run in a fresh process too, where the tables are filled on first use.
+    out = run_python("import torch, rwkv.ops as o; x = torch.randn(37);"
+                     "print(o.cpu_isa(), torch.ops.rwkv._bf16_round(x).float().sub(x).abs().max() < 0.01)")
+    assert out.stdout.split() == [supported[-1], "tensor(True)"]
 
 
 def _cpu_vendor() -> str:
