@@ -116,8 +116,12 @@ int automatic_order() {
   static const int order = [] {
     int chosen = kStreams;
 #if defined(RWKV_HAVE_X86_ISAS)
+    // Sequential only where it was measured faster: AMD Zen 4 (with AVX-512). On an AVX2-only
+    // Zen 3 EPYC the streams read faster in every strategy (1.5b v7 decode, paired in one process:
+    // fp32i8 49.6 -> 38.5 ms, bf16 138 -> 78, fp32 176 -> 146; docs/kernels.md).
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) chosen = kSequential;
+    if (__builtin_cpu_is("amd") && static_cast<int>(detected_isa()) >= static_cast<int>(Isa::avx512))
+      chosen = kSequential;
 #endif
     const char* env = std::getenv("RWKV_CPU_READ_ORDER");
     if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {

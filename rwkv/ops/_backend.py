@@ -170,8 +170,9 @@ def cpu_read_order() -> str:
     """How one-token products (``mm8_one_i16``, ``linear_one``) read the matrix on CPU:
     "sequential" (column after column) or "streams" (4 streams over the quarters of a call's
     columns, sharing each load of x, with a software prefetch); "none" without compiled CPU kernels.
-    Automatic by CPU vendor; ``RWKV_CPU_READ_ORDER=sequential|streams`` overrides it ("pairs", the
-    old name of streams, is accepted too)."""
+    Automatic by CPU (sequential on AMD CPUs with AVX-512, i.e. Zen 4; streams elsewhere);
+    ``RWKV_CPU_READ_ORDER=sequential|streams`` overrides it ("pairs", the old name of streams, is
+    accepted too)."""
     _load()
     if not has_kernel("_cpu_read_order", "CompositeExplicitAutograd"):
         return "none"
