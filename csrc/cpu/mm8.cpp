@@ -45,9 +45,16 @@ namespace {
 // crossover moved to 16-24 rows (T = 24: 2048x2048 1.86 vs 1.70 ms, 2048x8192 9.1 vs 7.5,
 // 8192x2048 7.9 vs 7.8; T = 16: the loop as fast or faster); the threshold was left at 32.
 constexpr int64_t kTiledMinRows = 32;
-// bf16 x uses bf16 tiles, since torch's bf16 GEMM is several times faster than its fp32 one
-// (same machine: loop 0.97 ms vs tiles 1.3 ms at T = 8, 1.7-1.9 ms vs 1.0-1.2 ms at T = 16).
+// bf16 x uses bf16 tiles where the CPU multiplies bf16 natively (the avx512bf16 ISA active), since
+// torch's bf16 GEMM is several times faster than its fp32 one there (same machine: loop 0.97 ms vs
+// tiles 1.3 ms at T = 8, 1.7-1.9 ms vs 1.0-1.2 ms at T = 16). Elsewhere fp32 tiles, as for fp32 x:
+// without native bf16, oneDNN's bf16 GEMM is the slow one (AVX2 Zen 3 EPYC, 1.5b `cpu bf16i8`
+// prefill: 8 tokens/s against 36 for `cpu fp32`).
 constexpr int64_t kBf16TiledMinRows = 16;
+
+bool bf16_tiles_for(const at::Tensor& x) {
+  return x.scalar_type() == at::kBFloat16 && active_isa() == Isa::avx512bf16;
+}
 
 // a [T, N] @ tile.t() for a tile [mt, N]: torch's oneDNN linear (mkldnn::_linear_pointwise, the
 // tile being its weight layout) for fp32 when this torch has it: at::mm sends fp32 to MKL's sgemm,
@@ -145,9 +152,9 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
   float* buf = seq ? nullptr : one_token_buf.get<float>(mm8_one_token_floats(d.N));
   const Mm8Prepared p = mm8_prepare(d, seq, x, w, mx, rx, my, ry, buf);
   at::Tensor y = pooled_empty(seq ? RowShape{p.T, p.M} : one_row_shape(x, p.M), at::kFloat);
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  if (seq && p.T >= (bf16 ? kBf16TiledMinRows : kTiledMinRows)) {
-    mm8_tiled(p.xs_t, p.q, p.sums_t, p.rx32, p.mx32, bf16, y);
+  const bool bf16_tiles = bf16_tiles_for(x);
+  if (seq && p.T >= (bf16_tiles ? kBf16TiledMinRows : kTiledMinRows)) {
+    mm8_tiled(p.xs_t, p.q, p.sums_t, p.rx32, p.mx32, bf16_tiles, y);
   } else {
     // Blocks of 16 output columns keep the kernels' column groups whole.
     float* yp = y.data_ptr<float>();

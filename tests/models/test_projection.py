@@ -1,12 +1,14 @@
-"""Projection's products of several rows for fp32 weights on CPU: oneDNN's linear
+"""Projection's products of several rows on CPU: for fp32 weights oneDNN's linear
 (rwkv.models.common.onednn_linear) instead of ``x @ W`` (MKL's sgemm), except with
-kernels="reference"; the same values up to fp32 rounding, row slabs included."""
+kernels="reference"; the same values up to fp32 rounding, row slabs included. For bf16 weights
+on a CPU without native bf16 GEMM, fp32 tiles of the weight (bf16_product_fp32)."""
 
 import pytest
 import torch
 
 from rwkv import slabs
-from rwkv.models.common import Projection, onednn_linear
+from rwkv.models.common import BF16_VIA_FP32_MIN_ROWS, Projection, onednn_linear
+from rwkv.ops import _testing
 from rwkv.strategy import LayerPlacement
 
 FP32 = LayerPlacement(device="cpu", dtype="fp32", quant=None, stream=False)
@@ -58,13 +60,67 @@ def test_row_slabs_sum_onednn_products():
     fp32_close(p(x), x.double() @ W.double())
 
 
-def test_bf16_weights_keep_torch_matmul():
+BF16 = LayerPlacement(device="cpu", dtype="bf16", quant=None, stream=False)
+
+
+def test_bf16_weights_keep_torch_matmul_for_few_rows():
     gen = torch.Generator().manual_seed(7)
     W = column_major(64, 32, gen).to(torch.bfloat16)
-    p = Projection({"w": W}, "w", LayerPlacement(device="cpu", dtype="bf16", quant=None, stream=False), "auto")
+    p = Projection({"w": W}, "w", BF16, "auto")
     assert p._linear_seq is None
-    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    x = torch.randn(BF16_VIA_FP32_MIN_ROWS - 1, 64, generator=gen).to(torch.bfloat16)
     assert torch.equal(p(x), x @ W)
+
+
+class Spy:
+    """Counts the calls of a linear (onednn_linear's signature), optionally failing them."""
+
+    def __init__(self, inner, fail=False):
+        self.inner, self.fail, self.calls = inner, fail, 0
+
+    def __call__(self, x, w, *rest):
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("could not create a primitive")
+        return self.inner(x, w, *rest) if self.inner is not None else x @ w.t()
+
+
+def bf16_close(y, want64):
+    # the fp32 sums rounded to bf16: half a bf16 ulp of each value, plus the fp32 sums' error.
+    err = (y.double() - want64).abs()
+    assert bool((err <= want64.abs() * 2.0 ** -8 + 1e-4 * float(want64.abs().max())).all())
+
+
+@pytest.mark.parametrize("mode", ["auto", "reference"])
+def test_bf16_rows_use_fp32_tiles_without_native_bf16(cpu_isa, mode):
+    """2^21-element tiles: N = 3000 gives tiles of 699 columns, so M = 1500 is three tiles."""
+    gen = torch.Generator().manual_seed(11)
+    W = column_major(3000, 1500, gen).to(torch.bfloat16)
+    x = torch.randn(BF16_VIA_FP32_MIN_ROWS, 3000, generator=gen).to(torch.bfloat16)
+    p = Projection({"w": W}, "w", BF16, mode)
+    spy = p._fp32_linear = Spy(p._fp32_linear)
+    with _testing.force_cpu_isa(cpu_isa):
+        y = p(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (BF16_VIA_FP32_MIN_ROWS, 1500)
+    tiled = mode == "auto" and cpu_isa != "avx512bf16"
+    assert spy.calls == (3 if tiled else 0)
+    if not tiled:
+        assert torch.equal(y, x @ W)
+    bf16_close(y, x.double() @ W.double())
+
+
+def test_bf16_fp32_tiles_fall_back_to_torch_matmul():
+    gen = torch.Generator().manual_seed(13)
+    W = column_major(64, 40, gen).to(torch.bfloat16)
+    x = torch.randn(BF16_VIA_FP32_MIN_ROWS + 3, 64, generator=gen).to(torch.bfloat16)
+    p = Projection({"w": W}, "w", BF16, "auto")
+    assert p._bf16_seq
+    spy = p._fp32_linear = Spy(None, fail=True)
+    with _testing.force_cpu_isa("scalar"):
+        y = p(x)
+        assert spy.calls == 1 and p._fp32_linear is None
+        assert torch.equal(p(x), y)
+    bf16_close(y, x.double() @ W.double())
 
 
 @needs_onednn

@@ -101,11 +101,24 @@ def test_mm8_threaded_large(rng):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("T,N,M", [(16, 40, 19), (32, 40, 19), (40, 2100, 70), (33, 5, 300),
                                    (64, 3000, 1500)])
-def test_mm8_seq_tiled_path(dtype, T, N, M, rng):
-    # From 32 rows on (bf16 x: 16), mm8_seq converts column tiles of w (fp32, or bf16 for bf16 x)
-    # and uses at::mm (csrc/cpu/mm8.cpp); tiles hold 2^21 elements, so (64, 3000, 1500) spans
-    # three (699 + 699 + 102 columns).
-    check(compiled_or_skip("mm8_seq"), T, N, M, rng, dtype)
+def test_mm8_seq_tiled_path(cpu_isa, dtype, T, N, M, rng):
+    # From 32 rows on, mm8_seq converts column tiles of w and lets a GEMM do the products
+    # (csrc/cpu/mm8.cpp): fp32 tiles, or for bf16 x with the avx512bf16 ISA active bf16 tiles from
+    # 16 rows on. Tiles hold 2^21 elements, so (64, 3000, 1500) spans three (699 + 699 + 102 columns).
+    fn = compiled_or_skip("mm8_seq")
+    with _testing.force_cpu_isa(cpu_isa):
+        check(fn, T, N, M, rng, dtype)
+
+
+def test_mm8_seq_bf16_x_uses_fp32_tiles_without_native_bf16(cpu_isa, rng):
+    # Without the avx512bf16 ISA, oneDNN's bf16 GEMM is slower than its fp32 one, so bf16 x goes
+    # through the fp32 tiles: the fp32 x's result, rounded. With it, bf16 tiles (other bits).
+    fn = compiled_or_skip("mm8_seq")
+    x, w, *side = make_inputs(40, 300, 50, rng, torch.bfloat16)
+    with _testing.force_cpu_isa(cpu_isa):
+        y = fn(x, w, *side)
+        via_fp32 = fn(x.float(), w, *(t.float() for t in side)).bfloat16()
+    assert torch.equal(y, via_fp32) == (cpu_isa != "avx512bf16")
 
 
 def test_mm8_wrapper_picks_one_or_seq(rng):
