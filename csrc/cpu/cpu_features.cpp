@@ -120,8 +120,8 @@ int automatic_order() {
     // Zen 3 EPYC the streams read faster in every strategy (1.5b v7 decode, paired in one process:
     // fp32i8 49.6 -> 38.5 ms, bf16 138 -> 78, fp32 176 -> 146; docs/kernels.md).
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd") && static_cast<int>(detected_isa()) >= static_cast<int>(Isa::avx512))
-      chosen = kSequential;
+    const bool avx512 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::avx512);
+    if (__builtin_cpu_is("amd") && avx512) chosen = kSequential;
 #endif
     const char* env = std::getenv("RWKV_CPU_READ_ORDER");
     if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {

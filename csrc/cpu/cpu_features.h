@@ -26,9 +26,9 @@ const KernelTable& kernels();
 // stream per thread, no software prefetch), false = "streams": 4 streams over the quarters of a
 // call's columns, sharing each x load, with a software prefetch (kernels/streams.h). Automatic:
 // sequential on AMD CPUs with AVX-512 (Zen 4), streams elsewhere (each measured fastest there);
-// the environment variable RWKV_CPU_READ_ORDER=sequential|streams overrides it ("pairs", the old name of
-// streams, is accepted too; read when first needed; an invalid value warns and is ignored); the
-// test hook rwkv::_set_cpu_read_order forces it.
+// the environment variable RWKV_CPU_READ_ORDER=sequential|streams overrides it ("pairs", the old
+// name of streams, is accepted too; read when first needed; an invalid value warns and is
+// ignored); the test hook rwkv::_set_cpu_read_order forces it.
 bool read_sequential();
 
 }  // namespace cpu
