@@ -91,12 +91,13 @@ def test_force_cpu_isa_rejects_bad_names():
                     pass
 
 
-def _cpu_flags() -> set:
+def _cpuinfo(field: str) -> str:
+    """The first value of ``field`` in /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
     except OSError:
-        return set()
+        return ""
 
 
 def _isas_from_cpu_flags(flags: set) -> list:
@@ -120,7 +121,7 @@ def test_only_the_cpus_own_isas_are_detected_and_filled():
     as it did on an AVX2-only AMD EPYC. The tables filled must be exactly the CPU's ISAs."""
     if not has_compiled("wkv7_forward", "cpu"):
         pytest.skip("no compiled CPU kernels")
-    flags = _cpu_flags()
+    flags = set(_cpuinfo("flags").split())
     if platform.machine() not in ("x86_64", "AMD64") or not flags:
         pytest.skip("needs an x86-64 Linux CPU to read the flags from /proc/cpuinfo")
     supported = _testing.supported_cpu_isas()
@@ -130,14 +131,6 @@ def test_only_the_cpus_own_isas_are_detected_and_filled():
     out = run_python("import torch, rwkv.ops as o; x = torch.randn(37);"
                      "print(o.cpu_isa(), torch.ops.rwkv._bf16_round(x).float().sub(x).abs().max() < 0.01)")
     assert out.stdout.split() == [supported[-1], "tensor(True)"]
-
-
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
 
 
 @pytest.mark.parametrize("order", ("sequential", "streams"))
@@ -171,7 +164,7 @@ def test_env_sets_the_read_order_and_ignores_invalid_values():
     automatic = run_python(code, RWKV_CPU_READ_ORDER="").stdout.strip()
     # sequential on AMD CPUs with AVX-512 (Zen 4), where it was measured faster; streams elsewhere,
     # AVX2-only AMD CPUs (Zen 3) included.
-    vendor = _cpu_vendor()
+    vendor = _cpuinfo("vendor_id")
     zen4 = vendor == "AuthenticAMD" and "avx512" in _testing.supported_cpu_isas()
     assert automatic == ("sequential" if zen4 else "streams"), vendor
     out = run_python(code, RWKV_CPU_READ_ORDER="rows")
