@@ -8,6 +8,12 @@ import time
 import torch
 
 
+def _prompt(vocab: int, prefill: int) -> list:
+    """The seeded random prompt both sides take: ``prefill`` tokens, at least 16."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
+
+
 def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1,
                 probe=None, cpu_probe=None) -> dict:
     """``models``: name -> an RWKV model (either package). Per model, prefill: one forward of
@@ -21,8 +27,7 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     readings, the bandwidth at the moments it decoded; ``cpu_probe`` likewise for the CPU's speed
     ("cpu_probe": the median of its readings). Returns name -> {"decode_ms",
     "decode_ms_min", "decode_ms_p90", "prefill_tps"[, "probe_GBps"][, "cpu_probe"]}."""
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
+    prompt = _prompt(vocab, prefill)
     per_round = -(-decode // rounds)
     states, out = {}, {}
     for name, m in models.items():
@@ -60,6 +65,32 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
     return out
 
 
-def time_model(m, vocab: int, prefill: int, decode: int) -> dict:
-    """One model: ``time_models`` in one round. Returns {"decode_ms", "prefill_tps"}."""
-    return time_models({"m": m}, vocab, prefill, decode)["m"]
+def time_model(m, vocab: int, prefill: int, decode: int, progress=None) -> dict:
+    """One model (upstream's, in _upstream_bench.py's child): the same warm-up, decode and prefill
+    forwards as ``time_models`` in one round, but the decode tokens come BEFORE the prefill
+    forward, starting from the 16-token warm-up's state. An RWKV's single-token cost does not
+    depend on how many tokens came before (its state has a fixed size), so the figures are the
+    same; the order only matters when the parent stops a child that runs past its time limit
+    (bench_model.py --upstream-timeout): upstream's slowest rows are slow in the prefill, and
+    the decode figure is then already in. ``progress(event, **fields)``, when given, is told
+    "decode" (decode_ms, once the decode tokens are timed) and "prefill_start". Returns
+    {"decode_ms", "decode_ms_min", "decode_ms_p90", "prefill_tps"}."""
+    prompt = _prompt(vocab, prefill)
+    report = progress or (lambda event, **fields: None)
+    _, state = m.forward(prompt[:16], None)  # warm-up
+    for t in prompt[:3]:
+        _, state = m.forward([t], state)
+    times = []
+    for i in range(decode):
+        t0 = time.perf_counter()
+        _, state = m.forward([prompt[i % len(prompt)]], state)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    out = {"decode_ms": 1000 * times[len(times) // 2], "decode_ms_min": 1000 * times[0],
+           "decode_ms_p90": 1000 * times[(9 * len(times)) // 10]}
+    report("decode", decode_ms=out["decode_ms"])
+    report("prefill_start")
+    t0 = time.perf_counter()
+    m.forward(prompt[:prefill], None)
+    out["prefill_tps"] = prefill / (time.perf_counter() - t0)
+    return out

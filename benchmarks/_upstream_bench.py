@@ -1,11 +1,14 @@
 """Child process for bench_model.py: times the upstream package (never imported with ours).
 
-Started with ``python -I``; argv[1] is a JSON job. Prints one JSON line: decode_ms, prefill_tps.
+Started with ``python -I``; argv[1] is a JSON job. Prints a JSON line for each step as it ends
+({"event": ..., "wall": time.time(), ...}: the parent reads them when it stops a child that ran past
+its time limit), then one JSON line: decode_ms, prefill_tps.
 """
 
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 job = json.loads(sys.argv[1])
@@ -23,4 +26,10 @@ from rwkv.model import RWKV  # noqa: E402  (upstream's)
 
 path = job["path"][:-4] if job["v7"] and job["path"].endswith(".pth") else job["path"]
 m = RWKV(path, job["strategy"]) if job["v7"] else RWKV(path, job["strategy"], verbose=False)
-print(json.dumps(_timing.time_model(m, job["vocab"], job["prefill"], job["decode"])))
+
+
+def progress(event: str, **fields) -> None:
+    print(json.dumps({"event": event, "wall": time.time(), **fields}), flush=True)
+
+
+print(json.dumps(_timing.time_model(m, job["vocab"], job["prefill"], job["decode"], progress)))

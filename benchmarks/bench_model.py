@@ -2,7 +2,7 @@
 
     python benchmarks/bench_model.py [--sizes 0.1b,1.5b] [--versions 4,6,7]
         [--strategies "cpu fp32,cpu bf16,cpu fp32i8,cpu bf16i8"] [--decode 50] [--prefill 512]
-        [--threads 2] [--no-upstream] [--v7-lora fixture|released]
+        [--threads 2] [--no-upstream] [--upstream-timeout SECONDS] [--v7-lora fixture|released]
 
 For each seeded random-weight checkpoint (shapes like RWKV 0.1B and 1.5B) and strategy it measures
 decode ms/token (median of --decode single-token forwards after warm-up) and prefill tokens/s (one
@@ -222,18 +222,63 @@ def bench_ours(path: str, strategies: list, decode: int, prefill: int, rounds: i
     return out
 
 
-def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool) -> dict:
+def _stopped_child(stdout: str, stopped_at: float, limit: float, prefill: int) -> dict:
+    """What a child stopped at its time limit had measured, from the progress lines it printed
+    (_upstream_bench.py). Stopped in the prefill forward: its decode figure and an upper bound on
+    its prefill speed (the forward had run for longer than stopped_at minus its start, so it is
+    slower than prefill tokens over that). Stopped before: an error naming the step."""
+    events = {}
+    for line in stdout.splitlines():
+        try:
+            rec = json.loads(line) if line.startswith("{") else {}
+        except ValueError:  # a line of upstream's own output that only looks like JSON
+            continue
+        if "event" in rec:
+            events[rec["event"]] = rec
+    if "prefill_start" not in events:
+        return {"error": f"stopped at the {limit:.0f} s limit before its prefill (raise --upstream-timeout)"}
+    ran = stopped_at - events["prefill_start"]["wall"]
+    return {"decode_ms": events["decode"]["decode_ms"], "prefill_tps_below": prefill / ran,
+            "stopped_after_s": round(limit)}
+
+
+def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool,
+                   timeout: float | None = None) -> dict:
+    """Upstream's figures for one strategy, from a child process; ``timeout`` (seconds) stops a
+    child that runs longer (see _stopped_child for what such a row then reports)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(RWKV_JIT_ON="1", RWKV_CUDA_ON="0")
     if v7:
         env["RWKV_V7_ON"] = "1"
     job = json.dumps({"path": path, "strategy": strategy, "decode": decode, "prefill": prefill,
                       "threads": threads, "v7": v7, "upstream": str(REPO / ".upstream"), "vocab": VOCAB})
-    r = subprocess.run([sys.executable, "-I", str(UPSTREAM_RUNNER), job], capture_output=True, text=True,
-                       env=env, cwd=tempfile.gettempdir())
-    if r.returncode != 0:
-        return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    child = subprocess.Popen([sys.executable, "-I", str(UPSTREAM_RUNNER), job], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stopped_at = time.time()
+        child.kill()
+        stdout, _ = child.communicate()
+        return _stopped_child(stdout, stopped_at, timeout, prefill)
+    if child.returncode != 0:
+        return {"error": stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {child.returncode}"}
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _prefill_bound(ours: dict, up: dict) -> dict:
+    """For an upstream row stopped in its prefill: the bound on its prefill speed, the bound on our
+    speedup over it, and when it was stopped; nothing for any other row."""
+    if "prefill_tps_below" not in up:
+        return {}
+    return {"upstream_prefill_tps_below": round(up["prefill_tps_below"], 2),
+            "prefill_speedup_above": round(ours["prefill_tps"] / up["prefill_tps_below"], 1),
+            "upstream_stopped_after_s": up["stopped_after_s"]}
+
+
+def _cell(row: dict, key: str, bound: str, sign: str):
+    """A table cell: the figure, or for a row stopped early its bound ("< 0.85", "> 52.4")."""
+    return f"{sign} {row[bound]}" if row.get(key) is None and bound in row else row[key]
 
 
 def main(argv=None) -> int:
@@ -248,6 +293,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-upstream", action="store_true")
+    p.add_argument("--upstream-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop an upstream row's child after this long; one stopped in its prefill "
+                        "reports its decode figure and an upper bound on its prefill speed (upstream's "
+                        "RWKV-7 cpu bf16 on a CPU without AVX-512 BF16 takes over an hour otherwise)")
     p.add_argument("--workdir", default=None)
     p.add_argument("--v7-lora", choices=("fixture", "released"), default="fixture",
                    help="RWKV-7's low-rank widths: the test fixtures' narrow ones (w 16, a 12, v 8, g 24, "
@@ -284,7 +333,7 @@ def main(argv=None) -> int:
                         up = {"error": "n/a (upstream v7 has no int8)"}
                     else:
                         up = bench_upstream(str(path), strategy, a.upstream_decode or a.decode, a.prefill,
-                                            a.threads, version == "7")
+                                            a.threads, version == "7", a.upstream_timeout)
                 gbps = ours["bytes"] / (ours["decode_ms"] / 1000) / 1e9
                 row = {"kind": "model", "size": size,
                        "version": version + (" (released LoRA)" if released else ""), "strategy": strategy,
@@ -294,6 +343,7 @@ def main(argv=None) -> int:
                        "ours_prefill_tps": round(ours["prefill_tps"], 1),
                        "upstream_prefill_tps": round(up["prefill_tps"], 1) if "prefill_tps" in up else None,
                        "prefill_speedup": round(ours["prefill_tps"] / up["prefill_tps"], 2) if "prefill_tps" in up else None,
+                       **_prefill_bound(ours, up),
                        "weight_MB_per_token": round(ours["bytes"] / 1e6, 1), "ours_GBps": round(gbps, 2),
                        "adjacent_bandwidth_GBps": round(local_bw, 1),
                        "pct_of_adjacent_bandwidth": round(100 * gbps / local_bw, 1),
@@ -319,7 +369,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['version']} | {r['strategy']} | {r['ours_decode_ms']} | {r['upstream_decode_ms']} | "
-              f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {r['upstream_prefill_tps']} | {r['prefill_speedup']} | "
+              f"{r['decode_speedup']} | {r['ours_prefill_tps']} | {_cell(r, 'upstream_prefill_tps', 'upstream_prefill_tps_below', '<')} | "
+              f"{_cell(r, 'prefill_speedup', 'prefill_speedup_above', '>')} | "
               f"{r['weight_MB_per_token']} | {r['ours_GBps']} | {r['pct_of_bandwidth']} | "
               f"{r['adjacent_bandwidth_GBps']} | {r['pct_of_adjacent_bandwidth']} | "
               f"{r['decode_moment_bandwidth_GBps']} | {r['pct_of_decode_moment_bandwidth']} | "
