@@ -17,7 +17,10 @@ share of the measured bandwidth, against the bandwidth measured right after that
 interleaved decode ("adjacent") and against the median of quick readings taken in every round just
 before that strategy's turn ("moment": the bandwidth at the moments it decoded), and the CPU's
 speed at those moments against its best reading of the run (CpuSpeed). Upstream's v7 class has no
-int8 ("n/a"). RWKV-7 checkpoints take the test fixtures' narrow low-rank widths unless --v7-lora
+int8 ("n/a"). --upstream-timeout stops an upstream child that runs longer; its child times the
+decode tokens before the prefill forward, so one stopped in the prefill still gives its decode
+figure, and its prefill speed shows as a bound ("< 0.8": the forward had run longer than that
+allows). RWKV-7 checkpoints take the test fixtures' narrow low-rank widths unless --v7-lora
 released gives them a released model's (1.5b: w and a 96, v 64, g 256: ~7.4 MB more low-rank
 weights a layer in fp32, which int8 strategies do not quantize).
 """
