@@ -66,9 +66,9 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
 
 
 def time_model(m, vocab: int, prefill: int, decode: int, progress=None) -> dict:
-    """One model (upstream's, in _upstream_bench.py's child): the same warm-up, decode and prefill
-    forwards as ``time_models`` in one round, but the decode tokens come BEFORE the prefill
-    forward, starting from the 16-token warm-up's state. An RWKV's single-token cost does not
+    """One model (upstream's, in _upstream_bench.py's child): the warm-up forwards and the timed
+    ones of ``time_models`` in one round (the same tokens), but the decode tokens come BEFORE the
+    prefill forward, starting from the 16-token warm-up's state. An RWKV's single-token cost does not
     depend on how many tokens came before (its state has a fixed size), so the figures are the
     same; the order only matters when the parent stops a child that runs past its time limit
     (bench_model.py --upstream-timeout): upstream's slowest rows are slow in the prefill, and
