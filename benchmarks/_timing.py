@@ -14,6 +14,15 @@ def _prompt(vocab: int, prefill: int) -> list:
     return torch.randint(0, vocab, (max(prefill, 16),), generator=g).tolist()
 
 
+def _decode_figures(times: list) -> dict:
+    """Decode tokens' times (s) -> "decode_ms" (the median), and the spread: "decode_ms_min" and
+    "decode_ms_p90" (a row slowed by bursts of other load has a long upper tail, one slowed
+    throughout, e.g. by its memory's placement, a high minimum)."""
+    times = sorted(times)
+    return {"decode_ms": 1000 * times[len(times) // 2], "decode_ms_min": 1000 * times[0],
+            "decode_ms_p90": 1000 * times[(9 * len(times)) // 10]}
+
+
 def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int = 1,
                 probe=None, cpu_probe=None) -> dict:
     """``models``: name -> an RWKV model (either package). Per model, prefill: one forward of
@@ -52,12 +61,7 @@ def time_models(models: dict, vocab: int, prefill: int, decode: int, rounds: int
                 out[name]["times"].append(time.perf_counter() - t0)
             states[name] = state
     for res in out.values():
-        times = sorted(res.pop("times"))
-        res["decode_ms"] = 1000 * times[len(times) // 2]
-        # The spread: a row slowed by bursts of other load has a long upper tail, one slowed
-        # throughout (e.g. its memory's placement) a high minimum.
-        res["decode_ms_min"] = 1000 * times[0]
-        res["decode_ms_p90"] = 1000 * times[(9 * len(times)) // 10]
+        res.update(_decode_figures(res.pop("times")))
         for key, name in (("probes", "probe_GBps"), ("cpu_probes", "cpu_probe")):
             readings = sorted(res.pop(key))
             if readings:
@@ -85,9 +89,7 @@ def time_model(m, vocab: int, prefill: int, decode: int, progress=None) -> dict:
         t0 = time.perf_counter()
         _, state = m.forward([prompt[i % len(prompt)]], state)
         times.append(time.perf_counter() - t0)
-    times.sort()
-    out = {"decode_ms": 1000 * times[len(times) // 2], "decode_ms_min": 1000 * times[0],
-           "decode_ms_p90": 1000 * times[(9 * len(times)) // 10]}
+    out = _decode_figures(times)
     report("decode", decode_ms=out["decode_ms"])
     report("prefill_start")
     t0 = time.perf_counter()

@@ -241,8 +241,7 @@ def _stopped_child(stdout: str, stopped_at: float, limit: float, prefill: int) -
     if "prefill_start" not in events:
         return {"error": f"stopped at the {limit:.0f} s limit before its prefill (raise --upstream-timeout)"}
     ran = stopped_at - events["prefill_start"]["wall"]
-    return {"decode_ms": events["decode"]["decode_ms"], "prefill_tps_below": prefill / ran,
-            "stopped_after_s": round(limit)}
+    return {"decode_ms": events["decode"]["decode_ms"], "prefill_tps_below": prefill / ran}
 
 
 def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads: int, v7: bool,
@@ -270,18 +269,17 @@ def bench_upstream(path: str, strategy: str, decode: int, prefill: int, threads:
 
 
 def _prefill_bound(ours: dict, up: dict) -> dict:
-    """For an upstream row stopped in its prefill: the bound on its prefill speed, the bound on our
-    speedup over it, and when it was stopped; nothing for any other row."""
+    """For an upstream row stopped in its prefill: the bound on its prefill speed and the bound on
+    our speedup over it; nothing for any other row."""
     if "prefill_tps_below" not in up:
         return {}
     return {"upstream_prefill_tps_below": round(up["prefill_tps_below"], 2),
-            "prefill_speedup_above": round(ours["prefill_tps"] / up["prefill_tps_below"], 1),
-            "upstream_stopped_after_s": up["stopped_after_s"]}
+            "prefill_speedup_above": round(ours["prefill_tps"] / up["prefill_tps_below"], 1)}
 
 
 def _cell(row: dict, key: str, bound: str, sign: str):
     """A table cell: the figure, or for a row stopped early its bound ("< 0.85", "> 52.4")."""
-    return f"{sign} {row[bound]}" if row.get(key) is None and bound in row else row[key]
+    return f"{sign} {row[bound]}" if bound in row else row[key]
 
 
 def main(argv=None) -> int:
@@ -306,7 +304,8 @@ def main(argv=None) -> int:
                         "as in every recorded run) or a released model's of that width (1.5b: 96, 96, 64, 256)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    header("bench_model", decode_tokens=a.decode, prefill_tokens=a.prefill)
+    header("bench_model", decode_tokens=a.decode, prefill_tokens=a.prefill,
+           upstream_timeout_s=a.upstream_timeout)
     bws = memory_bandwidth(a.threads)
     emit({"kind": "memory_bandwidth", "when": "before", **{k: v and round(v, 2) for k, v in bws.items()},
           "threads": a.threads})
