@@ -163,6 +163,20 @@ class CpuSpeed:
         return rate
 
 
+def bench_checkpoint(workdir: Path, size: str, version: str, v7_lora: str = "fixture") -> Path:
+    """The seeded random-weight checkpoint of this shape and version in workdir, written there
+    first when it is not there yet (bf16 weights, head size 64, vocabulary VOCAB, seed 0; RWKV-7
+    with the fixtures' low-rank widths, or a released model's with v7_lora="released")."""
+    lora = released_v7_lora(SIZES[size]["n_embd"]) if version == "7" and v7_lora == "released" else None
+    path = Path(workdir) / f"bench-{size}-v{version}{'-released-lora' if lora else ''}.pth"
+    if not path.exists():
+        sd = make_checkpoint(version, vocab=VOCAB, head_size=64, seed=0, dtype=torch.bfloat16,
+                             v7_lora=lora, **SIZES[size])
+        save_checkpoint(path, sd)
+        del sd
+    return path
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
     one row)."""
@@ -316,13 +330,7 @@ def main(argv=None) -> int:
     for size in a.sizes.split(","):
         for version in a.versions.split(","):
             released = version == "7" and a.v7_lora == "released"
-            path = workdir / f"bench-{size}-v{version}{'-released-lora' if released else ''}.pth"
-            if not path.exists():
-                lora = released_v7_lora(SIZES[size]["n_embd"]) if released else None
-                sd = make_checkpoint(version, vocab=VOCAB, head_size=64, seed=0, dtype=torch.bfloat16,
-                                     v7_lora=lora, **SIZES[size])
-                save_checkpoint(path, sd)
-                del sd
+            path = bench_checkpoint(workdir, size, version, a.v7_lora)
             strategies = [s.strip() for s in a.strategies.split(",")]
             ours_all = bench_ours(str(path), strategies, a.decode, a.prefill, a.rounds, adjacent.probe,
                                   cpu.probe)

@@ -118,6 +118,40 @@ def test_threads_sharing_a_model_get_their_own_results(paths):
     assert not errors and all(same(got[i], want[i]) for i in range(4))
 
 
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu fp32i8"])
+@pytest.mark.parametrize("v", ("4", "7"))
+def test_step_profile_times_the_runs_it_was_on_for(paths, v, strategy):
+    """The step profile (benchmarks/profile_cpu.py) is off until asked for; on, it sums each
+    step's time over the runs from zero and counts them; off again, it keeps its sums. The
+    results are the same bits with it on. Each step's weight bytes are those of its constant
+    tensors: the head's step reads the head's (and, int8, its scales and offsets), and every
+    weight but the embedding (whose one row run_row takes) is read by some step."""
+    m, plain, s = pair(paths[v], strategy)
+    decode(m, [t.clone() for t in s], [4, 5])  # trace and plan
+    plan = m._graph.plan
+    n = plan.steps()
+    assert plan.profiled_runs() == 0 and plan.step_ns() == [0] * n
+    plan.set_profiling(True)
+    got = decode(m, [t.clone() for t in s], [6, 7, 8])
+    assert same(got, decode(plain, [t.clone() for t in s], [6, 7, 8]))
+    ns = plan.step_ns()
+    assert plan.profiled_runs() == 3 and len(ns) == n == len(plan.step_ops())
+    assert all(t >= 0 for t in ns) and sum(ns) > 0
+    plan.set_profiling(False)
+    decode(m, got[-1][1], [9])
+    assert plan.profiled_runs() == 3 and plan.step_ns() == ns
+    plan.set_profiling(True)
+    assert plan.profiled_runs() == 0 and plan.step_ns() == [0] * n
+    plan.set_profiling(False)
+
+    ops_, wb = plan.step_ops(), plan.step_weight_bytes()
+    assert len(wb) == n and all(b >= 0 for b in wb)
+    head = sum(t.nbytes for k, t in m.w.items() if k.startswith("head."))
+    head_step = max(i for i, op in enumerate(ops_) if op in ("rwkv::linear_one", "rwkv::mm8_one_i16"))
+    assert wb[head_step] == head
+    assert sum(wb) >= sum(t.nbytes for k, t in m.w.items() if k != "emb.weight")
+
+
 @pytest.mark.parametrize("case", ["build_fails", "runs_differ"])
 def test_a_plan_that_fails_leaves_the_torchscript_function(paths, monkeypatch, case):
     m, plain, s = pair(paths["6"], "cpu fp32")

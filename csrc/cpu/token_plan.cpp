@@ -38,6 +38,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -83,6 +84,7 @@ struct Step {
   std::vector<int64_t> release; // slots whose last use is this step
   Call call;
   bool typed = false;           // its kernel called unboxed (typed_call), else boxed
+  int64_t weight_bytes = 0;     // the bytes of the distinct constant tensors it reads
 };
 
 // A step's arguments during one call: constants, this call's values and, for tensor lists with
@@ -501,6 +503,27 @@ Call boxed_call(const Step& s) {
 }
 
 // Reads the flat program (header comment) with bounds checks.
+// The bytes of the distinct constant tensors among a step's arguments (its weights and their
+// side tensors, read from memory every token).
+int64_t constant_bytes(const Step& s, const std::vector<at::Tensor>& consts) {
+  std::vector<std::pair<const void*, int64_t>> seen;
+  int64_t total = 0;
+  const auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const std::pair<const void*, int64_t> key(t.data_ptr(), static_cast<int64_t>(t.nbytes()));
+    for (const auto& k : seen) {
+      if (k == key) return;
+    }
+    seen.push_back(key);
+    total += key.second;
+  };
+  for (const Arg& a : s.args) {
+    if (a.tag == kTensor && a.ref < 0) add(consts[static_cast<size_t>(-a.ref - 1)]);
+    for (const at::Tensor& t : a.fixed) add(t);
+  }
+  return total;
+}
+
 class Reader {
  public:
   explicit Reader(c10::IntArrayRef code) : code_(code) {}
@@ -600,6 +623,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
         s.outs.push_back(r);
       }
     }
+    for (Step& s : steps_) s.weight_bytes = constant_bytes(s, consts_);
     const int64_t n_results = rd.count("n_results", 1 << 20);
     for (int64_t j = 0; j < n_results; ++j) {
       const int64_t r = ref("result ref");
@@ -681,10 +705,20 @@ class OneTokenPlan : public torch::CustomClassHolder {
     Env env(static_cast<size_t>(n_slots_));
     env[0] = std::move(x);
     for (size_t i = 0; i < state.size(); ++i) env[i + 1] = std::move(state[i]);
-    for (const Step& s : steps_) {
-      s.call(s, consts_, env);
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      const Step& s = steps_[i];
+      if (profiling_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.call(s, consts_, env);
+        step_ns_[i] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+      } else {
+        s.call(s, consts_, env);
+      }
       for (const int64_t r : s.release) env[static_cast<size_t>(r)].reset();
     }
+    profiled_runs_ += profiling_;
     std::vector<at::Tensor> out;
     out.reserve(results_.size());
     for (const int64_t r : results_) {
@@ -703,6 +737,37 @@ class OneTokenPlan : public torch::CustomClassHolder {
   int64_t steps() const { return static_cast<int64_t>(steps_.size()); }
   int64_t planned_steps() const { return planned_; }
 
+  // The step profile (benchmarks/profile_cpu.py): while profiling is on, each step's wall time
+  // (its op call, from the first instruction to the results) is added up over the runs; turning
+  // it on starts the sums from zero. Off, a run reads the clock nowhere.
+  void set_profiling(bool on) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    profiling_ = on;
+    if (on) {
+      step_ns_.assign(steps_.size(), 0);
+      profiled_runs_ = 0;
+    }
+  }
+  // Per step, in order: the nanoseconds summed over the profiled runs (zeros before any).
+  std::vector<int64_t> step_ns() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return step_ns_.empty() ? std::vector<int64_t>(steps_.size(), 0) : step_ns_;
+  }
+  int64_t profiled_runs() const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return profiled_runs_;
+  }
+  std::vector<std::string> step_ops() const {
+    std::vector<std::string> out;
+    for (const Step& s : steps_) out.push_back(s.op);
+    return out;
+  }
+  std::vector<int64_t> step_weight_bytes() const {
+    std::vector<int64_t> out;
+    for (const Step& s : steps_) out.push_back(s.weight_bytes);
+    return out;
+  }
+
  private:
   std::vector<at::Tensor> consts_;
   int64_t n_inputs_ = 0, n_slots_ = 0;
@@ -711,6 +776,10 @@ class OneTokenPlan : public torch::CustomClassHolder {
   std::vector<int64_t> results_;
   int64_t planned_ = 0;  // steps run as planned products
   mutable std::mutex mu_;
+  bool profiling_ = false;                 // set_profiling
+  mutable std::vector<int64_t> step_ns_;   // per step, while profiling (under mu_)
+  mutable int64_t profiled_runs_ = 0;
+
 };
 
 }  // namespace
@@ -725,5 +794,10 @@ TORCH_LIBRARY_FRAGMENT(rwkv, m) {
       .def("run_row", &rwkv::cpu::OneTokenPlan::run_row)
       .def("typed_steps", &rwkv::cpu::OneTokenPlan::typed_steps)
       .def("steps", &rwkv::cpu::OneTokenPlan::steps)
-      .def("planned_steps", &rwkv::cpu::OneTokenPlan::planned_steps);
+      .def("planned_steps", &rwkv::cpu::OneTokenPlan::planned_steps)
+      .def("set_profiling", &rwkv::cpu::OneTokenPlan::set_profiling)
+      .def("step_ns", &rwkv::cpu::OneTokenPlan::step_ns)
+      .def("profiled_runs", &rwkv::cpu::OneTokenPlan::profiled_runs)
+      .def("step_ops", &rwkv::cpu::OneTokenPlan::step_ops)
+      .def("step_weight_bytes", &rwkv::cpu::OneTokenPlan::step_weight_bytes);
 }
