@@ -53,10 +53,14 @@ def profile(path: Path, strategy: str, tokens: int, bandwidth: AdjacentBandwidth
     for t in range(4):  # the first one-token call traces and plans, the next ones lay out
         _, state = m.forward([10 + t], state)
     graph = m._graph
-    plan = graph.plan if graph is not None else None
+    plan = getattr(graph, "plan", None)
     if plan is None:
-        why = "cpu_graph is off" if graph is None else (graph.failed or graph.plan_failed)
-        return {"error": f"no one-token plan ({why})"}
+        if graph is None or not hasattr(graph, "plan_failed"):
+            why = ("the model has no one-token CPU graph: RWKV_CPU_GRAPH=0, a strategy with layers "
+                   "off the CPU, or no compiled kernels")
+        else:
+            why = graph.failed or graph.plan_failed
+        return {"error": f"no one-token plan to profile ({why})"}
     bw_before = bandwidth.measure()
     plan.set_profiling(True)
     t0 = time.perf_counter()

@@ -502,7 +502,6 @@ Call boxed_call(const Step& s) {
   };
 }
 
-// Reads the flat program (header comment) with bounds checks.
 // The bytes of the distinct constant tensors among a step's arguments (its weights and their
 // side tensors, read from memory every token).
 int64_t constant_bytes(const Step& s, const std::vector<at::Tensor>& consts) {
@@ -524,6 +523,7 @@ int64_t constant_bytes(const Step& s, const std::vector<at::Tensor>& consts) {
   return total;
 }
 
+// Reads the flat program (header comment) with bounds checks.
 class Reader {
  public:
   explicit Reader(c10::IntArrayRef code) : code_(code) {}
@@ -779,7 +779,6 @@ class OneTokenPlan : public torch::CustomClassHolder {
   bool profiling_ = false;                 // set_profiling
   mutable std::vector<int64_t> step_ns_;   // per step, while profiling (under mu_)
   mutable int64_t profiled_runs_ = 0;
-
 };
 
 }  // namespace
