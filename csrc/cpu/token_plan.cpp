@@ -37,6 +37,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -624,6 +625,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
       }
     }
     for (Step& s : steps_) s.weight_bytes = constant_bytes(s, consts_);
+    step_ns_.assign(steps_.size(), 0);
     const int64_t n_results = rd.count("n_results", 1 << 20);
     for (int64_t j = 0; j < n_results; ++j) {
       const int64_t r = ref("result ref");
@@ -744,14 +746,14 @@ class OneTokenPlan : public torch::CustomClassHolder {
     const std::lock_guard<std::mutex> lock(mu_);
     profiling_ = on;
     if (on) {
-      step_ns_.assign(steps_.size(), 0);
+      std::fill(step_ns_.begin(), step_ns_.end(), 0);
       profiled_runs_ = 0;
     }
   }
   // Per step, in order: the nanoseconds summed over the profiled runs (zeros before any).
   std::vector<int64_t> step_ns() const {
     const std::lock_guard<std::mutex> lock(mu_);
-    return step_ns_.empty() ? std::vector<int64_t>(steps_.size(), 0) : step_ns_;
+    return step_ns_;
   }
   int64_t profiled_runs() const {
     const std::lock_guard<std::mutex> lock(mu_);
@@ -777,7 +779,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
   int64_t planned_ = 0;  // steps run as planned products
   mutable std::mutex mu_;
   bool profiling_ = false;                 // set_profiling
-  mutable std::vector<int64_t> step_ns_;   // per step, while profiling (under mu_)
+  mutable std::vector<int64_t> step_ns_;   // per step, summed while profiling (under mu_)
   mutable int64_t profiled_runs_ = 0;
 };
 
