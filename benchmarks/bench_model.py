@@ -43,6 +43,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import targets  # noqa: E402
 from benchmarks._timing import time_models  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 from tests.fixtures.make_tiny_models import make_checkpoint, released_v7_lora, save_checkpoint  # noqa: E402
@@ -389,6 +390,9 @@ def main(argv=None) -> int:
           "the models): " + "; ".join(f"{k[:-5]} " + " / ".join("n/a" if b[k] is None else f"{b[k]:.1f}"
                                                                  for b in (bws, bws_after))
                                       for k in bws if k != "GBps"))
+    if any(r["size"] == "1.5b" for r in rows):
+        print("\nIssue 3's targets (benchmarks/targets.py), this run's 1.5b rows:\n")
+        print(targets.report(targets.check(rows)))
     return 0
 
 
