@@ -134,9 +134,12 @@ std::vector<at::Tensor> ln_mix_split(const at::Tensor& x, const at::Tensor& sx,
 void run_maa_mix(const MaaMixDims& d, const float* xp, const float* sxp, const float* zp,
                  const at::Tensor& w2, const at::Tensor& maa, float* const* outs) {
   const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
-  // tanh(z) once (T*n*D values), before the threads share it.
+  // tanh(z) once (T*n*D values), before the threads share it; split between them for sequences
+  // (82k values at 1.5B with 512 rows: ~1.5 ms on one thread).
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
-  for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
+  at::parallel_for(0, static_cast<int64_t>(zt.size()), 8192, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) zt[i] = std::tanh(zp[i]);
+  });
   const KernelTable& kt = kernels();
   const bool bf16_w2 = wc.scalar_type() == at::kBFloat16;
   if (d.T == 1) {  // one token: w2 read by half-mixes (kernels/maa_mix.h), then the mixes

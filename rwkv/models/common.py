@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._checks import ACTIVATIONS
-from ..ops.reference import activate, ln_mix_math, rows
+from ..ops.reference import activate, activate_, ln_mix_math, rows
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
@@ -362,8 +362,8 @@ class Projection:
             for part in parts[1:]:
                 y += part
             y = y.to(parts[0].dtype)
-        if not done:
-            y = activate(y, code)
+        if not done:  # y is the product's own new tensor: a sequence's is activated in place
+            y = activate_(y, code) if x.dim() == 2 and rows(x) > 1 else activate(y, code)
         return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
 
 

@@ -1,6 +1,7 @@
 """The ``act`` argument of the one-token products (linear_one, mm8_one_i16): each activation, every
 CPU ISA, against the same product without it followed by the torch function; the fallback path of
-mm8_one_i16; opcheck; out-of-range codes."""
+mm8_one_i16; opcheck; out-of-range codes; the in-place activations of the models' sequence
+products."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from ops_testlib import IMPLS, compiled_or_skip, implementation, uniform
 
 from rwkv.ops import _testing
 from rwkv.ops._checks import ACTIVATIONS
+from rwkv.ops import reference as ref
 from rwkv.ops.reference import ACTIVATION_FNS
 
 OPS = ("linear_one", "mm8_one_i16")
@@ -122,3 +124,20 @@ def test_relu_squared_special_values(cpu_isa, op, rng):
         got = fn(*args, ACTIVATIONS["relu2"])
         torch.testing.assert_close(got, ACTIVATION_FNS[ACTIVATIONS["relu2"]](plain), equal_nan=True,
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_activate_in_place_gives_the_same_bits(act, dtype):
+    """activate_ (the models' sequence products, activated in the product's own memory) gives
+    activate's bits, NaN, infinities and signed zeros included, and returns the tensor it wrote."""
+    g = torch.Generator().manual_seed(7)
+    y = (torch.randn(37, 301, generator=g) * 12).to(dtype)
+    y[0, :6] = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, -1e-30])
+    want = ref.activate(y, ACTIVATIONS[act])
+    mine = y.clone()
+    got = ref.activate_(mine, ACTIVATIONS[act])
+    assert got.data_ptr() == mine.data_ptr()
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(got.view(bits), want.view(bits))
+    assert not torch.equal(got.view(bits), y.view(bits))  # it did change the values

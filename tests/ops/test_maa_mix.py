@@ -89,14 +89,19 @@ def test_maa_mix_split_equals_maa_mix(cpu_isa, impl, dtypes, T, C, n, D, rng):
 
 
 @pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("D", [16, 7])
-def test_maa_mix_rows_equal_token_by_token(cpu_isa, dtypes, D, rng):
+@pytest.mark.parametrize("D", [16, 7, 130])
+@pytest.mark.parametrize("T,C", [(9, 810), (6, 824)])
+def test_maa_mix_rows_equal_token_by_token(cpu_isa, dtypes, D, T, C, rng):
     """A sequence (channels split between threads) gives the bits of one-row calls (w2's rows split
     by half-mixes), each shifting in the previous row: both sum each half of the low-rank product
-    in the same order. (In bf16 the sequence's 36450 results are rounded by ATen, a row's by the
-    glue's own loop: cpu/float_io.h, the same rounding.)"""
+    in the same order. The sequence kernel takes 4 rows at a time, then single rows, and channels
+    two registers at a time, then one, then single channels: with AVX2 810 and 824 channels end in
+    one register and a tail, with AVX-512 810 in a tail alone, 824 in one register and a tail;
+    with D = 130 the sequence kernel reads w2 where it lies instead of copying each mix's columns.
+    (In bf16 the sequence's results are rounded by ATen, a row's by the glue's own loop:
+    cpu/float_io.h, the same rounding.)"""
     fn = compiled_or_skip(OP)
-    xx, sx, z, w2, maa = make_inputs(9, 810, 5, D, rng, *dtypes)
+    xx, sx, z, w2, maa = make_inputs(T, C, 5, D, rng, *dtypes)
     with _testing.force_cpu_isa(cpu_isa):
         out = fn(xx, sx, z, w2, maa)
         prev = sx

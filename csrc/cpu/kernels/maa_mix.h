@@ -10,10 +10,13 @@
 // chain in j's order from zero, then added: (maa[i] + (lo + hi)). Both paths below do exactly
 // that, so a sequence's rows equal one-row calls bit for bit, whatever the thread count.
 //
-// Sequences (maa_mix): on channels [c0, c1), in chunks of up to kMaaChunk channels. For each
-// chunk, mix and row, the kernel streams the chunk's part of every w2 row in order (runs of up
-// to 2 KiB), accumulating into buffers that stay in L1; w2's chunk stays in L2 for the next rows.
-//
+// Sequences (maa_mix): on channels [c0, c1), in groups of two registers of channels (then one
+// register, then single channels: a channel is summed in a register exactly when the one-token
+// path sums it in one, so a row's bits do not depend on the path). For each group and mix, the
+// kernel takes kMaaTokens rows at a time: each load of w2 feeds that many rows' fma chains, held
+// in registers, and the group's D x (two registers) of w2 stays in L1 for all the rows (1.5B
+// RWKV-6, 512 rows: ~13.7 ms a layer with a row at a time over chunks of channels, its sums
+// loaded and stored at every step).
 // One token (maa_half_sums, then maa_finish): w2 seen as [n*D, C] is read by half-mixes (the
 // rows of one half of one mix), so each thread reads one run of whole consecutive rows. Split by
 // channels, each thread would read n*D short runs (1.3 MB in 160 runs of 4 KiB per layer at
@@ -28,45 +31,119 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-constexpr int64_t kMaaChunk = 512;
+// Rows per pass of the sequence kernel.
+constexpr int64_t kMaaTokens = 4;
+
+// acc[k][v] = the fma chain, from zero, of z_k[j] * w2 row j over rows [j0, j1), for K rows
+// (z_k = z + k * zstride) and NV registers of channels at w (w2's row j at w + j * C).
+template <class V, int K, int NV, class W>
+inline void maa_chains(int64_t C, int64_t j0, int64_t j1, const float* z, int64_t zstride,
+                       const W* w, typename V::reg (&acc)[K][NV]) {
+  // (C: the distance between w's rows.)
+  using R = typename V::reg;
+  for (int k = 0; k < K; ++k)
+    for (int v = 0; v < NV; ++v) acc[k][v] = V::zero();
+  for (int64_t j = j0; j < j1; ++j) {
+    R wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = load_elems<V>(w + j * C + v * V::width);
+    for (int k = 0; k < K; ++k) {
+      const R zk = V::set1(z[k * zstride + j]);
+      for (int v = 0; v < NV; ++v) acc[k][v] = V::fma(zk, wv[v], acc[k][v]);
+    }
+  }
+}
+
+// Rows [t, t + K) of mix i on NV registers of channels at c: out = xx + d * (maa + (lo + hi)),
+// with mix i's D rows of w2 for these channels at w, ws apart.
+template <class V, int K, int NV, class W>
+inline void maa_mix_rows(int64_t C, int64_t n, int64_t D, int64_t i, int64_t t, int64_t c,
+                         const float* xx, const float* sx, const float* zt, const W* w,
+                         int64_t ws, const float* maa, float* out) {
+  using R = typename V::reg;
+  const int64_t h = (D + 1) / 2;
+  const float* z = zt + (t * n + i) * D;
+  R lo[K][NV], hi[K][NV];
+  maa_chains<V, K, NV>(ws, 0, h, z, n * D, w, lo);
+  maa_chains<V, K, NV>(ws, h, D, z, n * D, w, hi);
+  const float* mi = maa + i * C + c;
+  for (int k = 0; k < K; ++k) {
+    const float* cur = xx + (t + k) * C + c;
+    const float* prev = (t + k == 0 ? sx : xx + (t + k - 1) * C) + c;
+    float* o = out + (t + k) * C + c;
+    for (int v = 0; v < NV; ++v) {
+      const int64_t e = v * V::width;
+      const R xv = V::load(cur + e);
+      const R dv = V::sub(V::load(prev + e), xv);
+      const R sum = V::add(lo[k][v], hi[k][v]);
+      V::store(o + e, V::add(xv, V::mul(dv, V::add(V::load(mi + e), sum))));
+    }
+  }
+}
+
+// The most rows of w2 a mix may have for maa_mix_column to copy its columns (else they are read
+// where they are).
+constexpr int64_t kMaaPackRows = 128;
+
+// Every row of mix i on NV registers of channels at c. Mix i's rows of w2 for these channels
+// are first copied next to each other, in fp32: in place they lie C elements apart, and with C a multiple
+// of 1024 every row falls in the same set of the L1 cache, which holds 8 or 12 of the D rows:
+// each would come from L2 again for every K rows (1.5B: 6.7 against ~4 ms a layer).
+template <class V, int NV, class W>
+inline void maa_mix_column(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i, int64_t c,
+                           const float* xx, const float* sx, const float* zt, const W* w2,
+                           const float* maa, float* out) {
+  using S = typename V::Tail;
+  constexpr int64_t kRow = NV * V::width;
+  const W* w = w2 + i * D * C + c;
+  int64_t t = 0;
+  if (D > kMaaPackRows) {
+    for (; t + kMaaTokens <= T; t += kMaaTokens)
+      maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, w, C, maa, out);
+    for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, w, C, maa, out);
+    return;
+  }
+  // In fp32 (bf16 widens exactly), so the loops read plain floats.
+  alignas(64) float packed[kMaaPackRows * kRow];
+  for (int64_t j = 0; j < D; ++j)
+    for (int64_t e = 0; e < kRow; ++e) packed[j * kRow + e] = load_elems<S>(w + j * C + e);
+  for (; t + kMaaTokens <= T; t += kMaaTokens)
+    maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, packed, kRow, maa, out);
+  for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, packed, kRow, maa, out);
+}
 
 template <class V, class W>
 void maa_mix(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1, const float* xx,
              const float* sx, const float* zt, const W* w2, const float* maa, float* const* outs) {
   using S = typename V::Tail;
-  using R = typename V::reg;
-  alignas(64) float lo[kMaaChunk];
-  alignas(64) float hi[kMaaChunk];
-  const int64_t h = (D + 1) / 2;
-  for (int64_t a = c0; a < c1; a += kMaaChunk) {
-    const int64_t len = c1 - a < kMaaChunk ? c1 - a : kMaaChunk;
-    const int64_t full = len - len % V::width;
-    for (int64_t i = 0; i < n; ++i) {
-      const W* wi = w2 + i * D * C + a;
-      const float* mi = maa + i * C + a;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* z = zt + (t * n + i) * D;
-        for (int64_t c = 0; c < len; ++c) lo[c] = hi[c] = 0.0f;
-        for (int64_t j = 0; j < D; ++j) {
-          float* acc = j < h ? lo : hi;
-          const W* row = wi + j * C;
-          const R zj = V::set1(z[j]);
-          for (int64_t c = 0; c < full; c += V::width)
-            V::store(acc + c, V::fma(zj, load_elems<V>(row + c), V::load(acc + c)));
-          for (int64_t c = full; c < len; ++c) acc[c] = S::fma(z[j], load_elems<S>(row + c), acc[c]);
-        }
-        const float* cur = xx + t * C + a;
-        const float* prev = (t == 0 ? sx : xx + (t - 1) * C) + a;
-        float* o = outs[i] + t * C + a;
-        for (int64_t c = 0; c < full; c += V::width) {
-          const R xv = V::load(cur + c);
-          const R dv = V::sub(V::load(prev + c), xv);
-          const R sum = V::add(V::load(lo + c), V::load(hi + c));
-          V::store(o + c, V::add(xv, V::mul(dv, V::add(V::load(mi + c), sum))));
-        }
-        for (int64_t c = full; c < len; ++c)
-          o[c] = cur[c] + (prev[c] - cur[c]) * (mi[c] + (lo[c] + hi[c]));
+  const int64_t full = C - C % V::width;  // channels below it are summed in registers
+  const int64_t vend = c1 < full ? c1 : full;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c = c0;
+    for (; c + 2 * V::width <= vend; c += 2 * V::width)
+      maa_mix_column<V, 2>(T, C, n, D, i, c, xx, sx, zt, w2, maa, outs[i]);
+    for (; c + V::width <= vend; c += V::width)
+      maa_mix_column<V, 1>(T, C, n, D, i, c, xx, sx, zt, w2, maa, outs[i]);
+    // The channels past the last whole register (fewer than V::width), a row at a time, in the
+    // loops of maa_half_sums' and maa_finish's tails: the compiler contracts a*b + c into an fma
+    // in those, but may leave a chain carried in a register from one j to the next uncontracted
+    // (GCC's tuning against fma chains), and a row's bits would then depend on the path.
+    if (c >= c1) continue;
+    const int64_t h = (D + 1) / 2, tail = c1 - c;
+    float lo[V::width], hi[V::width];
+    for (int64_t t = 0; t < T; ++t) {
+      const float* z = zt + (t * n + i) * D;
+      for (int64_t e = 0; e < tail; ++e) lo[e] = hi[e] = 0.0f;
+      for (int64_t j = 0; j < D; ++j) {
+        float* acc = j < h ? lo : hi;
+        const W* row = w2 + (i * D + j) * C + c;
+        for (int64_t e = 0; e < tail; ++e) acc[e] = S::fma(z[j], load_elems<S>(row + e), acc[e]);
       }
+      const float* cur = xx + t * C + c;
+      const float* prev = (t == 0 ? sx : xx + (t - 1) * C) + c;
+      const float* mi = maa + i * C + c;
+      float* o = outs[i] + t * C + c;
+      for (int64_t e = 0; e < tail; ++e)
+        o[e] = cur[e] + (prev[e] - cur[e]) * (mi[e] + (lo[e] + hi[e]));
     }
   }
 }
