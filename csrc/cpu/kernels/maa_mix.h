@@ -13,10 +13,11 @@
 // Sequences (maa_mix): on channels [c0, c1), in groups of two registers of channels (then one
 // register, then single channels: a channel is summed in a register exactly when the one-token
 // path sums it in one, so a row's bits do not depend on the path). For each group and mix, the
-// kernel takes kMaaTokens rows at a time: each load of w2 feeds that many rows' fma chains, held
-// in registers, and the group's D x (two registers) of w2 stays in L1 for all the rows (1.5B
-// RWKV-6, 512 rows: ~13.7 ms a layer with a row at a time over chunks of channels, its sums
-// loaded and stored at every step).
+// kernel copies the mix's D rows of w2 for the group into a small fp32 block, which stays in L1
+// for all the rows, and takes kMaaTokens rows at a time: each load of w2 feeds that many rows'
+// fma chains, held in registers (1.5B RWKV-6, 512 rows: ~4.5 ms a layer; ~14 ms with a row at a
+// time over chunks of channels, its sums loaded and stored at every step).
+//
 // One token (maa_half_sums, then maa_finish): w2 seen as [n*D, C] is read by half-mixes (the
 // rows of one half of one mix), so each thread reads one run of whole consecutive rows. Split by
 // channels, each thread would read n*D short runs (1.3 MB in 160 runs of 4 KiB per layer at
@@ -35,17 +36,16 @@ namespace RWKV_ISA {
 constexpr int64_t kMaaTokens = 4;
 
 // acc[k][v] = the fma chain, from zero, of z_k[j] * w2 row j over rows [j0, j1), for K rows
-// (z_k = z + k * zstride) and NV registers of channels at w (w2's row j at w + j * C).
+// (z_k = z + k * zstride) and NV registers of channels at w (w2's row j at w + j * ws).
 template <class V, int K, int NV, class W>
-inline void maa_chains(int64_t C, int64_t j0, int64_t j1, const float* z, int64_t zstride,
+inline void maa_chains(int64_t ws, int64_t j0, int64_t j1, const float* z, int64_t zstride,
                        const W* w, typename V::reg (&acc)[K][NV]) {
-  // (C: the distance between w's rows.)
   using R = typename V::reg;
   for (int k = 0; k < K; ++k)
     for (int v = 0; v < NV; ++v) acc[k][v] = V::zero();
   for (int64_t j = j0; j < j1; ++j) {
     R wv[NV];
-    for (int v = 0; v < NV; ++v) wv[v] = load_elems<V>(w + j * C + v * V::width);
+    for (int v = 0; v < NV; ++v) wv[v] = load_elems<V>(w + j * ws + v * V::width);
     for (int k = 0; k < K; ++k) {
       const R zk = V::set1(z[k * zstride + j]);
       for (int v = 0; v < NV; ++v) acc[k][v] = V::fma(zk, wv[v], acc[k][v]);
@@ -85,9 +85,10 @@ inline void maa_mix_rows(int64_t C, int64_t n, int64_t D, int64_t i, int64_t t, 
 constexpr int64_t kMaaPackRows = 128;
 
 // Every row of mix i on NV registers of channels at c. Mix i's rows of w2 for these channels
-// are first copied next to each other, in fp32: in place they lie C elements apart, and with C a multiple
-// of 1024 every row falls in the same set of the L1 cache, which holds 8 or 12 of the D rows:
-// each would come from L2 again for every K rows (1.5B: 6.7 against ~4 ms a layer).
+// are first copied next to each other, in fp32: in place they lie C elements apart, and with C
+// a multiple of 1024 they all fall in the same set of the L1 cache, which holds 8 or 12 of the
+// D rows, so each would come from L2 again for every kMaaTokens rows (1.5B, 512 rows: ~6.5
+// against ~4.5 ms a layer).
 template <class V, int NV, class W>
 inline void maa_mix_column(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i, int64_t c,
                            const float* xx, const float* sx, const float* zt, const W* w2,
