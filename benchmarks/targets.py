@@ -100,12 +100,11 @@ def check(rows: list, size: str = "1.5b") -> list:
     decode = Target("decode / upstream's same strategy > 1", "decode vs upstream", strict=True)
     prefill = Target("prefill / upstream's same strategy > 1", "prefill vs upstream", strict=True)
     pre8 = Target(f"int8 prefill / our fp32 prefill >= {INT8_PREFILL_OVER_FP32}", "int8 / fp32 prefill")
-    by_model = {}
+    by_version = {}
     for r in rows:
-        if r["size"] != size:
-            continue
-        by_model.setdefault((r["size"], r["version"]), {})[r["strategy"]] = r
-    for (size, version), strategies in by_model.items():
+        if r["size"] == size:
+            by_version.setdefault(r["version"], {})[r["strategy"]] = r
+    for version, strategies in by_version.items():
         fp32 = strategies.get("cpu fp32")
         up_int8 = _number(strategies.get("cpu fp32i8", {}).get("upstream_decode_ms"))
         for strategy, r in strategies.items():
@@ -120,12 +119,11 @@ def check(rows: list, size: str = "1.5b") -> list:
             speedup = _number(r.get("decode_speedup"))
             if speedup is not None:
                 decode.add(label, speedup, FASTER)
-            pre = _number(r.get("prefill_speedup"))
+            pre, above = _number(r.get("prefill_speedup")), _number(r.get("prefill_speedup_above"))
             if pre is not None:
                 prefill.add(label, pre, FASTER)
-            elif _number(r.get("prefill_speedup_above")) is not None:
-                prefill.add(label, r["prefill_speedup_above"], FASTER,
-                            "lower bound: upstream stopped in its prefill")
+            elif above is not None:
+                prefill.add(label, above, FASTER, "lower bound: upstream stopped in its prefill")
             if "i8" not in strategy:
                 continue
             if fp32 is not None:
@@ -180,11 +178,10 @@ def summary(runs: list) -> str:
         for run in runs:
             for label, (v, b, _) in run[k].rows.items():
                 per_row.setdefault(label, ([], b))[0].append(v)
-        medians = {label: (statistics.median(vs), b) for label, (vs, b) in per_row.items()}
-        typical = ""
-        if medians:
-            label = min(medians, key=lambda x: medians[x][0] - medians[x][1])
-            typical = f"{medians[label][0]:.4g} ({label}, {len(per_row[label][0])} runs)"
+        medians = Target(first.name, first.short_name, first.strict)
+        for label, (vs, b) in per_row.items():
+            medians.add(label, statistics.median(vs), b, f"{len(vs)} runs")
+        typical = "" if medians.worst is None else "{1:.4g} ({0}, {3})".format(*medians.worst)
         out.append(f"| {first.name} | {met} of {len(worsts)} | {cells} | {typical} |")
     return "\n".join(out)
 

@@ -96,20 +96,22 @@ inline void maa_mix_column(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i
   using S = typename V::Tail;
   constexpr int64_t kRow = NV * V::width;
   const W* w = w2 + i * D * C + c;
-  int64_t t = 0;
-  if (D > kMaaPackRows) {
+  // Every row, kMaaTokens at a time, from the rows of w2 at rw, ws apart.
+  const auto all_rows = [&](const auto* rw, int64_t ws) {
+    int64_t t = 0;
     for (; t + kMaaTokens <= T; t += kMaaTokens)
-      maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, w, C, maa, out);
-    for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, w, C, maa, out);
+      maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, rw, ws, maa, out);
+    for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, rw, ws, maa, out);
+  };
+  if (D > kMaaPackRows) {
+    all_rows(w, C);
     return;
   }
   // In fp32 (bf16 widens exactly), so the loops read plain floats.
   alignas(64) float packed[kMaaPackRows * kRow];
   for (int64_t j = 0; j < D; ++j)
     for (int64_t e = 0; e < kRow; ++e) packed[j * kRow + e] = load_elems<S>(w + j * C + e);
-  for (; t + kMaaTokens <= T; t += kMaaTokens)
-    maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, packed, kRow, maa, out);
-  for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, packed, kRow, maa, out);
+  all_rows(static_cast<const float*>(packed), kRow);
 }
 
 template <class V, class W>
