@@ -80,6 +80,19 @@ inline void maa_mix_rows(int64_t C, int64_t n, int64_t D, int64_t i, int64_t t, 
   }
 }
 
+// Every row of mix i on NV registers of channels at c, kMaaTokens at a time, from the mix's rows
+// of w2 for these channels at w, ws apart. (A function, not a lambda in maa_mix_column: a
+// lambda's code would be a symbol outside this ISA's namespace, tests/ops/test_isa_symbols.py.)
+template <class V, int NV, class W>
+inline void maa_mix_all_rows(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i, int64_t c,
+                             const float* xx, const float* sx, const float* zt, const W* w,
+                             int64_t ws, const float* maa, float* out) {
+  int64_t t = 0;
+  for (; t + kMaaTokens <= T; t += kMaaTokens)
+    maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, w, ws, maa, out);
+  for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, w, ws, maa, out);
+}
+
 // The most rows of w2 a mix may have for maa_mix_column to copy its columns (else they are read
 // where they are).
 constexpr int64_t kMaaPackRows = 128;
@@ -96,22 +109,16 @@ inline void maa_mix_column(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i
   using S = typename V::Tail;
   constexpr int64_t kRow = NV * V::width;
   const W* w = w2 + i * D * C + c;
-  // Every row, kMaaTokens at a time, from the rows of w2 at rw, ws apart.
-  const auto all_rows = [&](const auto* rw, int64_t ws) {
-    int64_t t = 0;
-    for (; t + kMaaTokens <= T; t += kMaaTokens)
-      maa_mix_rows<V, kMaaTokens, NV>(C, n, D, i, t, c, xx, sx, zt, rw, ws, maa, out);
-    for (; t < T; ++t) maa_mix_rows<V, 1, NV>(C, n, D, i, t, c, xx, sx, zt, rw, ws, maa, out);
-  };
   if (D > kMaaPackRows) {
-    all_rows(w, C);
+    maa_mix_all_rows<V, NV>(T, C, n, D, i, c, xx, sx, zt, w, C, maa, out);
     return;
   }
   // In fp32 (bf16 widens exactly), so the loops read plain floats.
   alignas(64) float packed[kMaaPackRows * kRow];
   for (int64_t j = 0; j < D; ++j)
     for (int64_t e = 0; e < kRow; ++e) packed[j * kRow + e] = load_elems<S>(w + j * C + e);
-  all_rows(static_cast<const float*>(packed), kRow);
+  maa_mix_all_rows<V, NV>(T, C, n, D, i, c, xx, sx, zt, static_cast<const float*>(packed), kRow,
+                          maa, out);
 }
 
 template <class V, class W>
