@@ -47,5 +47,18 @@ class ChannelMix:
             value = self.value
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
             return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
+        return self._products(x, xs, gate), shift
+
+    def rows(self, x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+        """The batched step: row b of x [B, C] is one token of sequence b, whose shift state is
+        sx[b] (updated in place). Returns x + out."""
+        xx, mixed = self.ln_mix.rows(x, sx)
+        sx.copy_(xx)
+        if self.version == 7:
+            return self._products(x, mixed, -1)
+        kx, rx = mixed
+        return self._products(x, [rx, kx], 0)
+
+    def _products(self, x, xs, gate):
         ys = self.rk(xs)  # (r and) the key's relu squared
-        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift
+        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None)
