@@ -30,7 +30,7 @@ import torch
 
 from .models.base import StateError, TokenError
 
-__all__ = ["BatchDecoder", "StepOutput", "EngineFullError", "UnknownSequenceError", "forward_batch"]
+__all__ = ["BatchDecoder", "StepOutput", "Snapshot", "EngineFullError", "UnknownSequenceError", "forward_batch"]
 
 
 class EngineFullError(ValueError):
@@ -45,12 +45,26 @@ class UnknownSequenceError(ValueError, KeyError):
 
 
 @dataclass
+class Snapshot:
+    """A prefilling sequence's state after the first ``n_tokens`` of the prompt it was added
+    with (a position asked for with ``add(..., snapshots=...)``, or the whole prompt): its own
+    tensors, never written later, and the logits after that token ([V] fp32)."""
+
+    handle: int
+    n_tokens: int
+    state: list
+    logits: torch.Tensor
+
+
+@dataclass
 class StepOutput:
     """The sequences that got logits in one ``BatchDecoder.step``: ``handles[i]``'s logits are
-    ``logits[i]`` ([n, V] fp32). Iterating gives (handle, logits row) pairs."""
+    ``logits[i]`` ([n, V] fp32). Iterating gives (handle, logits row) pairs. ``snapshots``: the
+    prompt states reached in this step (see ``Snapshot``)."""
 
     handles: list
     logits: torch.Tensor
+    snapshots: list = field(default_factory=list)
 
     def __iter__(self):
         return iter(zip(self.handles, self.logits))
@@ -61,10 +75,13 @@ class StepOutput:
 
 @dataclass
 class _Pending:
-    """A sequence whose prompt is still being prefilled: the ids left and its state so far."""
+    """A sequence whose prompt is still being prefilled: the ids left, its state so far, how many
+    prompt tokens are done and the positions where the caller wants a Snapshot."""
 
     ids: torch.Tensor
     state: list = field(default_factory=list)
+    done: int = 0
+    marks: list = field(default_factory=list)
 
 
 def _model_parts(model):
@@ -201,18 +218,26 @@ class BatchDecoder:
         return handle in self._pending or handle in self._order
 
     # ------------------------------------------------------------------------------ changes
-    def add(self, tokens=None, state=None) -> int:
-        """A new sequence; returns its handle. See the class docstring."""
+    def add(self, tokens=None, state=None, *, snapshots=()) -> int:
+        """A new sequence; returns its handle. See the class docstring. ``snapshots``: positions
+        0 < k < len(tokens) after which the step that reaches them reports the state (a
+        ``Snapshot`` in ``StepOutput.snapshots``; the whole prompt's is always reported): what a
+        prefix cache stores, at no copy (prefill states are never written later)."""
         if self.free <= 0:
             raise EngineFullError(f"BatchDecoder.add: all {self.max_batch} slots are taken; remove a "
                                   "sequence first")
         ids = None if tokens is None else _ids(self._model, tokens, "BatchDecoder.add: tokens")
         start = _start_state(self._model, self._rt, state, "BatchDecoder.add: state")
+        marks = sorted({int(k) for k in snapshots})
+        n = 0 if ids is None else int(ids.numel())
+        if marks and not 0 < marks[0] <= marks[-1] < n:
+            raise ValueError(f"BatchDecoder.add: snapshot positions must lie in 1..{n - 1} (inside the "
+                             f"prompt), got {marks}")
         handle, self._next = self._next, self._next + 1
         if ids is None:
             self._place(handle, start)
         else:
-            self._pending[handle] = _Pending(ids, start)
+            self._pending[handle] = _Pending(ids, start, 0, marks + [n])
         return handle
 
     def remove(self, handle) -> None:
@@ -243,16 +268,16 @@ class BatchDecoder:
             raise TypeError(f"BatchDecoder.step: feed must be a mapping of handle -> token id, got "
                             f"{type(feed).__name__}")
         rows = sorted((self._slot(h, "step"), self._token(h, t)) for h, t in feed.items())
-        handles, logits = [], []
+        handles, logits, snaps = [], [], []
         with torch.no_grad():
             if rows:
                 handles += [self._order[i] for i, _ in rows]
                 logits.append(self._decode(rows))
-            for h, out in self._prefill():
+            for h, out in self._prefill(snaps):
                 handles.append(h)
                 logits.append(out.reshape(1, -1))
         out = torch.cat(logits) if logits else torch.empty(0, self._rt.info.vocab_size)
-        return StepOutput(handles, out)
+        return StepOutput(handles, out, snaps)
 
     # ------------------------------------------------------------------------------ internals
     def _slot(self, handle, what: str) -> int:
@@ -303,19 +328,26 @@ class BatchDecoder:
             t.index_copy_(0, where.to(t.device), b)
         return out
 
-    def _prefill(self) -> list:
-        """Up to prefill_chunk prompt tokens of the prefilling sequences, oldest first. Returns
-        (handle, last logits) of each whose prompt is done (it then takes a slot)."""
+    def _prefill(self, snaps: list) -> list:
+        """Up to prefill_chunk prompt tokens of the prefilling sequences, oldest first, a chunk
+        ending at each snapshot position (appended to ``snaps``). Returns (handle, last logits)
+        of each whose prompt is done (it then takes a slot)."""
         budget, done = self.prefill_chunk, []
         for handle in list(self._pending):
-            if budget <= 0:
-                break
             p = self._pending[handle]
-            chunk, p.ids = p.ids[:budget], p.ids[budget:]
-            budget -= chunk.numel()
-            logits, p.state = self._rt.forward(chunk, p.state, False)
-            if p.ids.numel() == 0:
+            while budget > 0 and p.marks:
+                n = min(budget, p.marks[0] - p.done)
+                chunk, p.ids = p.ids[:n], p.ids[n:]
+                budget -= n
+                logits, p.state = self._rt.forward(chunk, p.state, False)
+                p.done += n
+                if p.done == p.marks[0]:
+                    p.marks.pop(0)
+                    snaps.append(Snapshot(handle, p.done, p.state, logits))
+            if not p.marks:
                 del self._pending[handle]
                 self._place(handle, p.state)
                 done.append((handle, logits))
+            if budget <= 0:
+                break
         return done

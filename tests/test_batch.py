@@ -280,3 +280,27 @@ def test_engine_states_deepcopy_small(paths):
     st = eng.export(h)
     dup = copy.deepcopy(st)
     assert sum(t.untyped_storage().nbytes() for t in dup) == sum(t.numel() * t.element_size() for t in st)
+
+
+def test_engine_snapshots_are_prompt_prefix_states(paths):
+    """States reported at the asked prompt positions (and at the prompt's end) equal forward over
+    that prefix, and stay as they were while the sequence decodes on."""
+    m = model(paths, "6", "cpu fp32")
+    prompt = draw(m.args.vocab_size, 9, 7)
+    eng = BatchDecoder(m, max_batch=2, prefill_chunk=4)
+    h = eng.add(prompt, snapshots=(2, 5))
+    snaps = []
+    while h not in eng.ready:
+        snaps += eng.step().snapshots
+    assert [s.n_tokens for s in snaps] == [2, 5, 9] and {s.handle for s in snaps} == {h}
+    kept = [snapshot(s.state) for s in snaps]
+    for _ in range(3):
+        eng.step({h: 1})
+    for s, k in zip(snaps, kept):
+        want_logits, want = m.forward(prompt[:s.n_tokens], None)
+        assert_close(s.logits, want_logits, 1e-5 * float(want_logits.abs().max()), f"logits at {s.n_tokens}")
+        for a, w, b in zip(s.state, want, k):
+            assert torch.equal(a, b)  # not written by the later steps
+            assert_close(a, w, 1e-5 * max(1.0, float(w.abs().max())), f"state at {s.n_tokens}")
+    with pytest.raises(ValueError, match="snapshot positions"):
+        eng.add([1, 2], snapshots=(2,))
