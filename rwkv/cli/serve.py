@@ -40,6 +40,8 @@ def add_parser(sub):
     p.add_argument("--max-replicas", type=int, default=None, help="autoscaling: most replicas")
     p.add_argument("--target-ongoing-requests", type=float, default=None,
                    help="autoscaling: requests in flight per replica to aim for (default: max-batch)")
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica "
+                   "(default: 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per engine (Ray replicas: "
                    "default 1 each)")
     p.set_defaults(run=run)

@@ -31,6 +31,46 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+class _Guard:
+    """ASGI middleware (not Starlette's BaseHTTPMiddleware, which hides client disconnects from
+    the endpoints): refuses bodies over ``limit`` bytes with 413, declared or streamed, and
+    counts every answer in the requests metric by endpoint and status."""
+
+    def __init__(self, app, server: Server, limit: int):
+        self.app, self.server, self.limit = app, server, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = path if path.startswith("/v1/") else "other"
+        status = [500]
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        too_big = ApiError(413, f"the request body is larger than this server's limit of {self.limit} bytes")
+        size = dict(scope.get("headers") or []).get(b"content-length")
+        try:
+            if size is not None and (not size.isdigit() or int(size) > self.limit):
+                return await _error(too_big)(scope, receive, counted_send)
+            seen = [0]
+
+            async def limited_receive():
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen[0] += len(message.get("body", b""))
+                    if seen[0] > self.limit:
+                        raise too_big
+                return message
+
+            await self.app(scope, limited_receive, counted_send)
+        finally:
+            self.server.metrics.requests.labels(endpoint, str(status[0])).inc()
+
+
 def build_app(server: Server, *, max_body_bytes: int | None = None) -> FastAPI:
     """The FastAPI app serving ``server``. ``max_body_bytes``: larger bodies get 413 (default:
     room for the prompt limit in any encoding)."""
@@ -38,18 +78,7 @@ def build_app(server: Server, *, max_body_bytes: int | None = None) -> FastAPI:
     app.state.server = server
     limit = max_body_bytes or 64 * server.config.max_prompt_tokens + (1 << 20)
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > limit):
-            return _error(ApiError(413, f"the request body is larger than this server's limit of {limit} bytes"))
-        try:
-            response = await call_next(request)
-        except Exception as e:  # noqa: BLE001 - never let a request take the server down
-            response = _error(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
-        endpoint = request.url.path if request.url.path.startswith("/v1/") else "other"
-        server.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        return response
+    app.add_middleware(_Guard, server=server, limit=limit)
 
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
@@ -59,6 +88,10 @@ def build_app(server: Server, *, max_body_bytes: int | None = None) -> FastAPI:
     async def invalid(request, e: RequestValidationError):
         message, param = validation_message(e.errors())
         return _error(ApiError(400, message, param=param))
+
+    @app.exception_handler(Exception)
+    async def internal(request, e: Exception):  # a bug: answered, never fatal to the server
+        return _error(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, e: StarletteHTTPException):
