@@ -73,6 +73,10 @@ def native_bf16_gemm() -> bool:
     return isa == "avx512bf16"
 
 
+#: The most rows a dense CPU product sends to linear_rows (more go to the GEMMs, which reach their
+#: multiply-add rate there; fewer read the weight more than once).
+ROWS_MAX = 64
+
 #: Elements of a bf16 weight widened to fp32 at a time by bf16_product_fp32 (8 MiB of fp32).
 BF16_TILE_ELEMENTS = 1 << 21
 #: From this many rows on, bf16 products on a CPU without native bf16 GEMM go through fp32 tiles:
@@ -288,6 +292,13 @@ class Projection:
         if self.slabs is not None and (self._dense_one is not None or (self.int8 and self._one_act)) \
                 and _compiled("linear_one_slabs", "CPU"):
             self._slabs_one = ops.resolve("linear_one_slabs", dev_type, mode)
+        # Products of a few rows (the batched engine's B sequences, short sequences) on CPU: our
+        # linear_rows reads each weight once for all rows, where oneDNN's and MKL's GEMMs, made for
+        # many rows, read it several times over or reorder it first.
+        self._rows = None
+        if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
+                and matrix.t().is_contiguous() and _compiled("linear_rows", "CPU")):
+            self._rows = ops.resolve("linear_rows", dev_type, mode)
         # add_to's one-token products: the residual add (and the gate) in the product's call.
         self._residual_one = None
         if dev_type == "cpu" and mode != "reference" and _compiled("linear_one_residual", "CPU"):
@@ -313,6 +324,11 @@ class Projection:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
         if self.int8:
             self._use_one("mm8_one")
+
+    def _rows_take(self, x: torch.Tensor) -> bool:
+        """Whether linear_rows computes this product of x (2 to ROWS_MAX rows, x's dtype)."""
+        return (self._rows is not None and x.dim() == 2 and 1 < rows(x) <= ROWS_MAX
+                and x.dtype == self.weight.dtype)
 
     def _slabs_take(self, x: torch.Tensor) -> bool:
         """Whether linear_one_slabs computes this one-token product of x (int8: unless
@@ -342,6 +358,8 @@ class Projection:
             return self._gemm16(x, W, True), False
         if self._dense_one is not None and rows(x) == 1 and x.dtype == W.dtype:
             return self._dense_one(x, W, act), True
+        if self._rows_take(x):
+            return self._rows(x, W).to(x.dtype), False
         if self._linear_seq is not None and x.dtype == torch.float32 and x.dim() == 2 and x.numel():
             try:
                 return self._linear_seq(x.contiguous(), W.t(), None, "none", [], None), False
@@ -390,6 +408,8 @@ class Projection:
             y, done = self._product(x, self._weight(), self.side, self.one_side, out_dtype, code)
         elif self._slabs_one is not None and rows(x) == 1 and self._slabs_take(x):
             y, done = self._slabs_one(x, self.weight, list(self.one_side), code), True
+        elif self._rows_take(x):
+            y, done = self._rows(x, self.weight).to(x.dtype), False
         else:  # the product is linear in the rows: the slabs' products summed in fp32
             parts = [self._product(x[:, rows], q, side, side, out_dtype, 0)[0]
                      for rows, q, side in self.slabs]

@@ -418,6 +418,20 @@ def linear_one(x, w, act=0):
     return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)
 
 
+def linear_rows(x, w):
+    """x [T, N] @ w (column-major [N, M], or [S, N/S, M] row slabs) in fp32, slabs summed in fp32
+    in slab order; both bf16 or both fp32. Returns [T, M] fp32."""
+    T, N, M, S = _checks.validate_linear_rows(x, w)
+    x32 = x.to(torch.float32)
+    if w.dim() == 2:
+        return x32 @ w.to(torch.float32)
+    K = N // S
+    y = x32.new_zeros((T, M))
+    for s in range(S):
+        y += x32[:, s * K:(s + 1) * K] @ w[s].to(torch.float32)
+    return y
+
+
 def linear_one_group(x, w, side, act):
     """Several one-token products: for each i, linear_one(x[i], w[i], act[i]) when w[i] is bf16 or
     fp32, mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) when it is uint8, its mx, rx, my, ry
