@@ -6,8 +6,7 @@ a TLB miss. Linux backs anonymous memory with 2 MiB pages only where a program a
 mode "madvise", the usual default), and torch's allocator asks only when ``THP_MEM_ALLOC_ENABLE=1``
 was set before it started. So after placement the model copies its CPU weights into one anonymous
 mapping advised ``MADV_HUGEPAGE``, tensor by tensor (peak memory: the model plus one tensor).
-Measured on the development machine (benchmarks/RESULTS.md): streaming 1.4 GB of int8 weights with
-``mm8_one_i16`` went from 21 to 24 GB/s, a plain read from 26 to 30 GB/s.
+Streaming the weights, and a plain read, then run faster (benchmarks/RESULTS.md has measurements).
 
 Where memory is fragmented (other programs, the page cache, models loaded before), some of those
 faults get 4 KiB pages anyway; the model then asks the kernel to collapse the mapping into huge

@@ -116,9 +116,8 @@ int automatic_order() {
   static const int order = [] {
     int chosen = kStreams;
 #if defined(RWKV_HAVE_X86_ISAS)
-    // Sequential only where it was measured faster: AMD Zen 4 (with AVX-512). On an AVX2-only
-    // Zen 3 EPYC the streams read faster in every strategy (1.5b v7 decode, paired in one process:
-    // fp32i8 49.6 -> 38.5 ms, bf16 138 -> 78, fp32 176 -> 146; docs/kernels.md).
+    // Sequential only where it reads faster: AMD Zen 4 (with AVX-512). AVX2-only AMD CPUs (Zen 3)
+    // read faster as streams in every strategy (docs/kernels.md).
     __builtin_cpu_init();
     const bool avx512 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::avx512);
     if (__builtin_cpu_is("amd") && avx512) chosen = kSequential;
