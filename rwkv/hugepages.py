@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import sys
 
 import torch
+
+from . import settings
 
 HUGE_PAGE = 2 << 20
 _MADV_COLLAPSE = 25  # linux/mman.h (Python's mmap module names it from 3.13 on)
@@ -34,7 +35,7 @@ _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 def available() -> bool:
     """Whether anonymous memory can be advised into transparent huge pages here (and it is wanted)."""
-    if os.environ.get("RWKV_CPU_HUGEPAGES", "1").strip() == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not settings.value("RWKV_CPU_HUGEPAGES") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
         with open(_THP_SETTING) as f:

@@ -13,7 +13,8 @@ so piped stdin works (one message per line).
 import sys
 
 from ..generation import PrefixCache
-from .common import CliError, add_model_options, add_sampling_options, load_pipeline, pipeline_args, write
+from .common import (CliError, add_model_options, add_sampling_options, add_vocab_option, load_pipeline,
+                     pipeline_args, write)
 
 RETRY = ("+retry", "+regenerate", "+")
 QUIT = ("/quit", "/exit")
@@ -90,6 +91,7 @@ def add_parser(sub):
     p = sub.add_parser("chat", help="interactive chat (streaming, prefix cache, +reset, +retry, /quit)",
                        description=__doc__.split("\n\n")[0])
     add_model_options(p)
+    add_vocab_option(p)
     add_sampling_options(p, temperature=1.0, top_p=0.3, presence=0.5, frequency=0.5)
     p.add_argument("--max-tokens", type=int, default=500, help="longest reply in tokens (default 500)")
     p.add_argument("--init", default="", help="text that starts the conversation (e.g. a system prompt)")

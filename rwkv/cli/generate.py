@@ -2,12 +2,13 @@
 
 import sys
 
-from .common import add_model_options, add_sampling_options, load_pipeline, pipeline_args, write
+from .common import add_model_options, add_sampling_options, add_vocab_option, load_pipeline, pipeline_args, write
 
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a prompt", description=__doc__.strip("`. "))
     add_model_options(p)
+    add_vocab_option(p)
     p.add_argument("--prompt", required=True, help="the text to continue ('\\n' typed literally is a "
                    "newline); use '-' to read it from stdin")
     p.add_argument("--tokens", type=int, default=100, help="how many tokens to generate (default 100)")

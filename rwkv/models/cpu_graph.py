@@ -34,11 +34,11 @@ strategy raises ``ValueError``; the default (None) quietly uses it where support
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from .. import settings
 from ..strategy import LayerPlacement
 from .common import _compiled
 
@@ -68,7 +68,7 @@ def want_graph(requested: bool | None, plan: list[LayerPlacement], mode: str, st
                              "Pass cpu_graph=None (use it where possible) or False.")
         return True
     if requested is None:
-        return why is None and os.environ.get("RWKV_CPU_GRAPH", "1").strip() != "0"
+        return why is None and settings.value("RWKV_CPU_GRAPH")
     return False
 
 
