@@ -19,7 +19,7 @@ test: setup upstream
 # Dependencies: pinned torch (a CPU build from local disk; any other spec downloads gigabytes).
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja
+	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja nbclient nbformat ipykernel
 	touch $@
 
 # Editable install of the package itself (registers the source tree; the extension is built below).
