@@ -35,6 +35,10 @@ _ZERO_WEIGHT_TEXT = " \t0123456789"
 
 @dataclass
 class GenerationResult:
+    """What one generation produced (``GenerationStream.result``): the text and tokens, the state
+    and logits after the prompt and the tokens, why it stopped, and how many prompt tokens came
+    from the prefix cache and how many went through ``model.forward``."""
+
     text: str = ""
     tokens: List[int] = field(default_factory=list)  # generated tokens (the stop token excluded)
     state: Any = None            # after prompt + tokens when complete_state, else as upstream leaves it
@@ -97,7 +101,8 @@ class _StopMatcher:
 
 
 class GenerationStream:
-    """Iterator over generated text pieces; ``.result`` is set once it is exhausted."""
+    """Iterator over generated text pieces; ``.result`` (a ``GenerationResult``) is set once it is
+    exhausted. Made by ``PIPELINE.generate_stream``; ``run()`` consumes it and returns the result."""
 
     def __init__(self, pipeline, ctx, token_count, args, callback=None, state=None, *, stop=None,
                  generator=None, cache: Optional[PrefixCache] = None, complete_state=True):

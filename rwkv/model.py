@@ -177,6 +177,16 @@ class RWKV(torch.nn.Module):
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
                  kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
                  exact_int8: bool | None = None, cpu_graph: bool | None = None):
+        """Load a checkpoint and place its layers as ``strategy`` says.
+
+        model: checkpoint path (``.pth`` appended when missing, as upstream; ``.safetensors`` and
+        upstream's pre-converted files load too). strategy: e.g. ``"cpu fp32"``, ``"cuda fp16"``,
+        ``"cuda fp16i8 *20 -> cpu fp32"`` (README, "Strategies"). verbose: print the plan.
+        convert_and_save_and_exit: upstream's keyword (write a pre-converted file and exit the
+        process); ``convert_checkpoint`` does the same without exiting. The keyword-only options
+        are described on the class. Raises ``StrategyError`` for a bad strategy,
+        ``CheckpointError`` for an unusable file and ``DeviceUnavailableError`` for a device this
+        machine lacks (all ``ValueError``)."""
         super().__init__()
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")

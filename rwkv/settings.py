@@ -57,6 +57,7 @@ class Setting:
         return "any (ignored)"
 
     def default_text(self) -> str:
+        """The default, as the README table shows it."""
         if self.kind == "accepted":
             return "-"
         if self.default is None:

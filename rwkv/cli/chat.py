@@ -35,6 +35,7 @@ class ChatSession:
         self.last_result = None
 
     def reset(self):
+        """Forget the conversation (back to the initial prompt, if any)."""
         self.history, self.last_prompt, self.last_result = list(self.init_tokens), None, None
 
     def send(self, message):
@@ -44,6 +45,7 @@ class ChatSession:
         return self._reply(prompt)
 
     def retry(self):
+        """A new reply to the last message (its prompt is fully cached); CliError before any."""
         if self.last_prompt is None:
             raise CliError("nothing to retry yet")
         return self._reply(self.last_prompt)
@@ -88,6 +90,7 @@ def _line_reader():
 
 
 def add_parser(sub):
+    """Adds the ``chat`` subcommand to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("chat", help="interactive chat (streaming, prefix cache, +reset, +retry, /quit)",
                        description=__doc__.split("\n\n")[0])
     add_model_options(p)
@@ -103,6 +106,7 @@ def add_parser(sub):
 
 
 def run(ns):
+    """Runs the chat loop on stdin and stdout; returns the exit status."""
     import numpy as np
     pipe = load_pipeline(ns)
     args = pipeline_args(ns, token_stop=[0])

@@ -15,6 +15,7 @@ class CliError(Exception):
 
 
 def add_model_options(p, *, model_required=False):
+    """--model (default: the shipped model, unless ``model_required``) and --strategy."""
     if model_required:
         p.add_argument("--model", required=True, help="checkpoint path (.pth optional, as for RWKV(model=...))")
     else:
@@ -25,12 +26,14 @@ def add_model_options(p, *, model_required=False):
 
 
 def add_vocab_option(p):
+    """--vocab (default: the tokenizer beside the checkpoint, else World)."""
     p.add_argument("--vocab", default=None, help=f"tokenizer: {WORLD!r} (World), 'cl100k_base' or a "
                    "tokenizers JSON path such as 20B_tokenizer.json; default: the "
                    f"{TOKENIZER_BESIDE} beside the checkpoint when there is one, else {WORLD!r}")
 
 
 def add_sampling_options(p, *, temperature, top_p, presence, frequency):
+    """--temperature, --top_p, --top_k, --presence, --frequency and --seed, with these defaults."""
     p.add_argument("--temperature", type=float, default=temperature, help=f"default {temperature}")
     p.add_argument("--top_p", "--top-p", type=float, default=top_p, help=f"default {top_p}")
     p.add_argument("--top_k", "--top-k", type=int, default=0, help="default 0 (off)")
@@ -41,6 +44,7 @@ def add_sampling_options(p, *, temperature, top_p, presence, frequency):
 
 
 def pipeline_args(ns, **extra):
+    """PIPELINE_ARGS from the sampling options (and ``extra``); CliError for a negative temperature."""
     from ..utils import PIPELINE_ARGS
     if ns.temperature < 0:
         raise CliError(f"--temperature must be >= 0, got {ns.temperature}")
@@ -98,6 +102,7 @@ def load_pipeline(ns):
 
 
 def write(text, stream=None):
+    """Writes and flushes (stdout by default), so streamed text shows at once."""
     stream = stream or sys.stdout
     stream.write(text)
     stream.flush()

@@ -10,6 +10,7 @@ from .common import CliError, add_model_options, write
 
 
 def add_parser(sub):
+    """Adds the ``convert`` subcommand to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("convert", help="pre-convert a checkpoint for a strategy",
                        description=__doc__.strip("`. \n").split("\n\n")[0])
     add_model_options(p, model_required=True)
@@ -21,6 +22,7 @@ def add_parser(sub):
 
 
 def run(ns):
+    """Runs the program for the parsed options ``ns``; returns the exit status."""
     from ..model import convert_checkpoint
     try:
         out = convert_checkpoint(ns.model, ns.strategy, ns.output, rescale_layer=ns.rescale_layer)

@@ -6,6 +6,7 @@ from .common import add_model_options, add_sampling_options, add_vocab_option, l
 
 
 def add_parser(sub):
+    """Adds the ``generate`` subcommand to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("generate", help="generate text from a prompt", description=__doc__.strip("`. "))
     add_model_options(p)
     add_vocab_option(p)
@@ -19,6 +20,7 @@ def add_parser(sub):
 
 
 def run(ns):
+    """Runs the program for the parsed options ``ns``; returns the exit status."""
     prompt = sys.stdin.read() if ns.prompt == "-" else ns.prompt.replace("\\n", "\n")
     if ns.tokens < 0:
         write("error: --tokens must be >= 0\n", sys.stderr)
