@@ -10,9 +10,8 @@ Streaming the weights, and a plain read, then run faster (benchmarks/RESULTS.md 
 
 Where memory is fragmented (other programs, the page cache, models loaded before), some of those
 faults get 4 KiB pages anyway; the model then asks the kernel to collapse the mapping into huge
-pages (``MADV_COLLAPSE``, Linux 6.1+; best effort, skipped elsewhere). In the benchmark, which
-loads four models of a checkpoint at once, the int8 models had kept 88-97% of their weights in
-huge pages, and the rest read ~20% slower.
+pages (``MADV_COLLAPSE``, Linux 6.1+; best effort, skipped elsewhere), since the weights left in
+4 KiB pages read markedly slower (a process that loads several models at once fragments memory).
 
 ``RWKV_CPU_HUGEPAGES=0`` turns this off; it is skipped where the OS has no transparent huge pages.
 """

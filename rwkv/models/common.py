@@ -237,7 +237,7 @@ class Projection:
         if dev_type == "cuda" and self.weight.dtype == torch.float16:
             self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
         # One-token bf16 and fp32 products on CPU: our matrix-vector kernel reads the column-major
-        # weight at 1.4-2x torch's speed (docs/kernels.md). Only when compiled: torch's matmul is
+        # weight faster than torch's matmul does (docs/kernels.md). Only when compiled: torch's matmul is
         # the fallback.
         self._dense_one = None
         if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
