@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -40,9 +40,9 @@ class Setting:
     kind: str
     default: Any
     meaning: str
-    choices: Tuple[str, ...] = ()
-    aliases: Tuple[Tuple[str, str], ...] = ()
-    keyword: Optional[str] = None
+    choices: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
+    keyword: str | None = None
 
     def type_text(self) -> str:
         """The accepted values, as the README table shows them."""
@@ -67,7 +67,7 @@ class Setting:
         return str(self.default)
 
 
-SETTINGS: Tuple[Setting, ...] = (
+SETTINGS: tuple[Setting, ...] = (
     Setting("RWKV_KERNELS", "choice", "auto",
             "Which op implementations the model uses: compiled kernels where registered, else the "
             "pure-torch reference with a warning (auto); compiled kernels or an error (compiled); "
@@ -117,7 +117,7 @@ SETTINGS: Tuple[Setting, ...] = (
 
 #: Read by setup.py only, when the extension is compiled (setup.py cannot import the package it
 #: builds; tests/test_settings.py checks that it reads exactly these).
-BUILD_SETTINGS: Tuple[Setting, ...] = (
+BUILD_SETTINGS: tuple[Setting, ...] = (
     Setting("RWKV_BUILD_EXT", "flag", True,
             "0: install without the C++ extension (pure Python, reference ops only)."),
     Setting("RWKV_BUILD_CUDA", "choice", "auto",
@@ -157,7 +157,7 @@ def _warn(s: Setting, raw: str, expected: str, using: str) -> None:
     warnings.warn(f"{s.name} must be {expected}, got {raw!r}; {using}", RuntimeWarning, stacklevel=4)
 
 
-def parse(s: Setting, raw: Optional[str]) -> Any:
+def parse(s: Setting, raw: str | None) -> Any:
     """The value of setting ``s`` for the text ``raw`` (None: unset). Unparsable text warns and
     gives the default."""
     if s.kind == "accepted":
@@ -190,7 +190,7 @@ def parse(s: Setting, raw: Optional[str]) -> Any:
     return s.default
 
 
-def raw(name: str) -> Optional[str]:
+def raw(name: str) -> str | None:
     """The text of a registered variable as the environment holds it (None: unset)."""
     return os.environ.get(setting(name).name)
 

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import pytest
-
 from _fake_model import FakeModel
-from rwkv.cli.chat import ChatSession
+
 from rwkv.cli import COMMANDS
+from rwkv.cli.chat import ChatSession
 from rwkv.cli.common import SHIPPED_MODEL, WORLD, CliError, vocab_for
 from rwkv.utils import PIPELINE, PIPELINE_ARGS
 

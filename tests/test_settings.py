@@ -88,7 +88,7 @@ def test_setup_reads_exactly_the_build_settings():
 
 def _readme_table(marker):
     text = (REPO / "README.md").read_text()
-    m = re.search(rf"<!-- {marker}: begin[^>]*-->\n(.*?)\n<!-- {marker}: end -->", text, re.S)
+    m = re.search(rf"<!-- {marker}: begin[^>]*-->\n(.*?)\n<!-- {marker}: end -->", text, re.DOTALL)
     assert m, f"README.md has no '<!-- {marker}: begin -->' ... '<!-- {marker}: end -->' block"
     return m.group(1).strip()
 
@@ -121,8 +121,8 @@ def test_values_parse(name, raw, expected, monkeypatch):
     ("RWKV_CPU_GRAPH", "maybe", True, "RWKV_CPU_GRAPH must be 0 or 1, got 'maybe'; using 1"),
     ("RWKV_RESCALE_LAYER", "six", None, "RWKV_RESCALE_LAYER must be an integer, got 'six'"),
     ("RWKV_KERNELS", "fast", "auto", "RWKV_KERNELS must be auto, compiled or reference, got 'fast'; using 'auto'"),
-    ("RWKV_CPU_ISA", "sse9", None, "RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, "
-                                    "got 'sse9'; ignoring it"),
+    ("RWKV_CPU_ISA", "sse9", None, ("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, "
+                                    "got 'sse9'; ignoring it")),
 ])
 def test_invalid_values_warn_and_give_the_default(name, raw, expected, message, monkeypatch):
     monkeypatch.setenv(name, raw)

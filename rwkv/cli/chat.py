@@ -13,8 +13,15 @@ so piped stdin works (one message per line).
 import sys
 
 from ..generation import PrefixCache
-from .common import (CliError, add_model_options, add_sampling_options, add_vocab_option, load_pipeline,
-                     pipeline_args, write)
+from .common import (
+    CliError,
+    add_model_options,
+    add_sampling_options,
+    add_vocab_option,
+    load_pipeline,
+    pipeline_args,
+    write,
+)
 
 RETRY = ("+retry", "+regenerate", "+")
 QUIT = ("/quit", "/exit")

@@ -2,7 +2,14 @@
 
 import sys
 
-from .common import add_model_options, add_sampling_options, add_vocab_option, load_pipeline, pipeline_args, write
+from .common import (
+    add_model_options,
+    add_sampling_options,
+    add_vocab_option,
+    load_pipeline,
+    pipeline_args,
+    write,
+)
 
 
 def add_parser(sub):
