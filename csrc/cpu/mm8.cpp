@@ -74,11 +74,10 @@ at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
 // y[T, M] = rx*(xs @ q + sums[:, 0]) + sums[:, 1] + mx*sums[:, 2], q column-major [N, M] uint8,
 // converted one tile at a time (2 Mi elements: 8 MiB fp32 or 4 MiB bf16; never the whole matrix).
 // Wide tiles keep the GEMM efficient: each tile is one GEMM call, and narrow tiles spend a large
-// share of it in set-up and packing (2 Mi elements come within ~10% of a product over a prebuilt
-// fp32 matrix; 64 Ki take nearly twice as long). fp32 tiles give fp32 products. bf16 tiles hold
-// q - 128 (exact in bf16; centring keeps the bf16-rounded products
-// small next to the offsets they are later added to) times xs rounded to bf16; the missing
-// 128*sum(xs) goes into the row term, taken from the fp32 xs.
+// share of it in set-up and packing (2 Mi-element tiles come close to a product over a prebuilt
+// fp32 matrix). fp32 tiles give fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring
+// keeps the bf16-rounded products small next to the offsets they are later added to) times xs
+// rounded to bf16; the missing 128*sum(xs) goes into the row term, taken from the fp32 xs.
 void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums,
                const at::Tensor& rx, const at::Tensor& mx, bool bf16, at::Tensor& y) {
   const int64_t N = q.size(0), M = q.size(1);

@@ -85,8 +85,8 @@ def bf16_product_fp32(x: torch.Tensor, W: torch.Tensor, linear) -> torch.Tensor:
     fp32: tiles of W's columns widened to fp32 (exact), multiplied by the fp32 x with ``linear``
     (onednn_linear, or x @ tile.t() when it is None), each tile's fp32 result rounded to bf16 as
     torch's bf16 GEMM rounds its fp32 accumulators. The same products, summed in another order.
-    On an AVX2 Zen 3 EPYC oneDNN's bf16 GEMM ran 1.5b `cpu bf16` prefill at 8 tokens/s against
-    36 for `cpu fp32`."""
+    Used where the CPU has no native bf16 GEMM, on which oneDNN's bf16 GEMM is several times
+    slower than its fp32 one."""
     T, N = x.shape
     M = W.shape[1]
     x32 = x.float()
