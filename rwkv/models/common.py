@@ -154,6 +154,7 @@ class LnMix:
         self.lerp = lerp
         self.op = fused_op("ln_mix", dd, mode)
         self.split_op = fused_op("ln_mix_split", dd, mode)
+        self.rows_op = fused_op("ln_mix_rows", dd, mode) if torch.device(dd.device).type == "cpu" else None
         if self.op is not None or self.split_op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
             self.op_params = (self.ln_w.float(), self.ln_b.float(), self.mix.squeeze(1).float())
 
@@ -170,8 +171,12 @@ class LnMix:
     def rows(self, x: torch.Tensor, prev: torch.Tensor) -> tuple:
         """The batched case: row b of x [B, C] is one token of sequence b and row b of prev
         [B, C] that sequence's shift state. Returns (xx [B, C], [mixed_0, ...] each [B, C]);
-        xx is the new shift state of every row. Computed as the compiled op computes (in fp32,
-        rounded once) where it would run, else as the torch ops do."""
+        xx is the new shift state of every row. On CPU the compiled ``ln_mix_rows`` (each row's
+        bits those of ln_mix_split on that row alone); elsewhere as the compiled ops compute (in
+        fp32, rounded once) where they would run, else as the torch ops do."""
+        if self.rows_op is not None:
+            xx, *mixed = self.rows_op(x, prev, *self.op_params, self.lerp, LAYER_NORM_EPS)
+            return xx, mixed
         if self.op is not None or self.split_op is not None:
             w, b, mix = self.op_params
             m = mix.unsqueeze(1)

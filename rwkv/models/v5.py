@@ -128,6 +128,8 @@ class TimeMixV6(TimeMixV5):
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
         self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
         self.maa_split = fused_op("maa_mix_split", dd, mode, self.maa_w2)
+        self.maa_rows_op = fused_op("maa_mix_rows", dd, mode, self.maa_w2) \
+            if torch.device(dd.device).type == "cpu" else None
         # One token on CPU: maa_mix_split with the first factor's product in the same call.
         w1 = self.maa_w1.weight
         self.maa_lora = fused_op("maa_lora_one", dd, mode, self.maa_w2, w1) \
@@ -152,8 +154,11 @@ class TimeMixV6(TimeMixV5):
         return r, k, v, g, w
 
     def _mix_rows(self, xx, prev, z):
-        """The 5 mixes of B one-token rows, prev [B, C] their shift states: as the compiled op
-        computes them (fp32, rounded once) where it would run, else as the torch ops do."""
+        """The 5 mixes of B one-token rows, prev [B, C] their shift states: on CPU the compiled
+        ``maa_mix_rows``; elsewhere as the compiled op computes them (fp32, rounded once) where it
+        would run, else as the torch ops do."""
+        if self.maa_rows_op is not None:
+            return self.maa_rows_op(xx, prev, z, self.maa_w2, self.maa_rows)
         if self.maa_split is not None or self.maa_op is not None:
             m = maa_mix_rows_math(xx.float(), prev.float(), z.float(), self.maa_w2.float(),
                                   self.maa_rows.unsqueeze(1))

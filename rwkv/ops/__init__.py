@@ -65,6 +65,18 @@ def ln_mix_split(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp:
     return resolve("ln_mix_split", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
 
 
+def ln_mix_rows(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool, eps: float = 1e-5,
+                *, mode: str = "auto") -> list:
+    """ln_mix of B one-token rows (x, sx [B, C]; row b's previous row is sx[b]): [xx, mixed_0,
+    ..., mixed_{n-1}], each [B, C] in x's dtype."""
+    return resolve("ln_mix_rows", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
+
+
+def maa_mix_rows(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> list:
+    """maa_mix of B one-token rows (xx, sx [B, C], z [B, n*D]): the n mixes, each [B, C]."""
+    return resolve("maa_mix_rows", xx.device.type, mode)(xx, sx, z, w2, maa)
+
+
 def maa_mix(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> Tensor:
     """RWKV-6's data-dependent token shift (fp32; docs/kernels.md): xx [T, C]; sx [C]; z [T, n*D]
     (before tanh); w2 [n, D, C]; maa [n, C]. Returns [n, T, C]."""

@@ -24,6 +24,7 @@ _REFERENCE_BY_DESIGN = {("gemm_fp16", "cpu"), ("mm8_one_i16", "cuda"), ("wkv4_bl
                         ("maa_mix", "cuda"), ("maa_mix_split", "cuda"), ("maa_lora_one", "cuda"),
                         ("ln_mix_split", "cuda"),
                         ("linear_one_group", "cuda"), ("linear_rows", "cuda"),
+                        ("ln_mix_rows", "cuda"), ("maa_mix_rows", "cuda"),
                         ("pooled_empty_like", "cuda")}
 
 _lock = threading.Lock()

@@ -245,6 +245,40 @@ def validate_ln_mix(x, sx, w, b, mix, op: str = "ln_mix") -> tuple:
     return T, C, n
 
 
+def _check_rows_shift(op: str, name: str, x, sx) -> tuple:
+    """The batched mix ops' x and sx: both [B, C] in one activation dtype; returns (B, C)."""
+    check_activation_dtype(op, name, x)
+    check_dim(op, name, x, "[B, C]", 2)
+    torch._check(sx.dtype == x.dtype, lambda: f"{op}: sx must be {dtype_name(x.dtype)} ({name}'s dtype), "
+                                             f"got {dtype_name(sx.dtype)}")
+    torch._check(tuple(sx.shape) == tuple(x.shape),
+                 lambda: f"{op}: sx must have shape [B, C] = {_shape(x)} ({name}'s), got {_shape(sx)}")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def validate_ln_mix_rows(x, sx, w, b, mix, op: str = "ln_mix_rows") -> tuple:
+    """Checks ln_mix_rows' arguments (x, sx [B, C]; w, b [C], mix [n, C] fp32); returns (B, C, n)."""
+    check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
+    B, C = _check_rows_shift(op, "x", x, sx)
+    _check_channel_vectors(op, ("w", "b"), (w, b), C)
+    check_dtype(op, "mix", mix, torch.float32)
+    check_dim(op, "mix", mix, "[n, C]", 2)
+    n = int(mix.shape[0])
+    check_shape(op, "mix", mix, "[n, C]", (n, C))
+    return B, C, n
+
+
+def validate_maa_mix_rows(xx, sx, z, w2, maa, op: str = "maa_mix_rows") -> tuple:
+    """Checks maa_mix_rows' arguments (xx, sx [B, C]; z [B, n*D]; w2, maa as maa_mix's); returns
+    (B, C, n, D)."""
+    check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
+    B, C = _check_rows_shift(op, "xx", xx, sx)
+    n, D = _check_maa_w2(op, w2, C)
+    _check_rows(op, ("z",), (z,), B, n * D, "[B, n*D]", xx.dtype, " (xx's dtype)")
+    _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
+    return B, C, n, D
+
+
 def _check_maa_w2(op: str, w2: torch.Tensor, C: int) -> tuple:
     """maa_mix's w2 [n, D, C], float32 or bfloat16 (the same two dtypes as the activations);
     returns (n, D)."""

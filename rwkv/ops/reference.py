@@ -335,6 +335,23 @@ def ln_mix_split(x, sx, w, b, mix, lerp, eps):
     return [xx, shift] + [m.clone() for m in mixed.unbind(0)]
 
 
+def ln_mix_rows(x, sx, w, b, mix, lerp, eps):
+    """ln_mix of B one-token rows, row b's previous row being sx[b] (ln_mix_rows_math in fp32).
+    Returns [xx, mixed_0, ..., mixed_{n-1}], each [B, C] in x's dtype."""
+    _checks.validate_ln_mix_rows(x, sx, w, b, mix)
+    m = mix.unsqueeze(1)
+    xx, mixed = ln_mix_rows_math(x.float(), sx.float(), w, b, m, 1 - m if lerp else None, eps)
+    return [xx.to(x.dtype)] + [t.to(x.dtype) for t in mixed.unbind(0)]
+
+
+def maa_mix_rows(xx, sx, z, w2, maa):
+    """maa_mix of B one-token rows, row b's previous row being sx[b] (maa_mix_rows_math in
+    fp32). Returns the n mixes, each [B, C] in xx's dtype."""
+    _checks.validate_maa_mix_rows(xx, sx, z, w2, maa)
+    m = maa_mix_rows_math(xx.float(), sx.float(), z.float(), w2.float(), maa.unsqueeze(1))
+    return [t.to(xx.dtype) for t in m.unbind(0)]
+
+
 def maa_mix(xx, sx, z, w2, maa):
     """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C], sx [C], z [T, n*D] fp32 or
     all bf16; w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in fp32; returns [n, T, C] in
