@@ -391,4 +391,7 @@ class RWKV(torch.nn.Module):
             int8 = f"  int8 decode={op}" if op else ""
             print(f"  {span:<22} {dd.device} {dd.dtype}{' i8' if dd.quant else ''}"
                   f"{' stream' if dd.stream else ''}  {wkv}={impl}{int8}")
+        if self.info.deep_embed:
+            where = sorted({str(self.w[f"blocks.{i}.{deep_embed.TABLE}"].device) for i in range(L)})
+            print(f"  DeepEmbed token tables in {', '.join(where)} memory (one row per token gathered)")
         print(f"  CPU ISA: {ops.cpu_isa()}")

@@ -119,3 +119,36 @@ def test_forward_one_alt_chain_matches_upstream(checkpoints):
         out, state = m.forward_one_alt(m.z["emb.weight"][token], state)
         torch.testing.assert_close(out, torch.tensor(ref["logits"][n]), rtol=1e-4, atol=1e-4,
                                    msg=lambda s: f"token {n}: {s}")
+
+
+_Z_SNIPPET = r"""
+os.environ["RWKV_V7_ON"] = "1"
+os.environ["RWKV_CUDA_ON"] = "0"
+import torch
+from rwkv.model import RWKV
+model = RWKV(model=PAYLOAD["model"], strategy="cpu fp32")
+torch.save({k: v.clone() for k, v in model.z.items()}, PAYLOAD["out"])
+RESULT = sorted(model.z)
+"""
+
+
+@pytest.mark.parametrize("slab_bytes", [None, 256])
+def test_z_matches_upstream(checkpoints, tmp_path, monkeypatch, slab_bytes):
+    # model.z: upstream's names, shapes and values (256 slab bytes: every fp32 matrix of more than
+    # 64 rows kept as row slabs, given back as one matrix).
+    from rwkv import slabs
+
+    path = checkpoints[32]
+    out = str(tmp_path / "z.pth")
+    keys = run_upstream_snippet(_Z_SNIPPET, {"model": path[:-len(".pth")], "out": out})
+    theirs = torch.load(out, weights_only=True)
+    if slab_bytes is not None:
+        monkeypatch.setattr(slabs, "SLAB_BYTES", slab_bytes)
+    m = RWKV(path, "cpu fp32", verbose=False)
+    if slab_bytes is not None:
+        assert m.w["blocks.0.ffn.value.weight"].dim() == 3
+    unused = {"blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2", "blocks.0.ln0.weight", "blocks.0.ln0.bias"}
+    assert set(m.z) == set(keys) - unused
+    for k in m.z:
+        assert m.z[k].shape == theirs[k].shape, k
+        torch.testing.assert_close(m.z[k], theirs[k], rtol=1e-6, atol=1e-6, msg=lambda s: f"{k}: {s}")
