@@ -114,6 +114,15 @@ def convert_classic(sd: dict, info: ModelInfo, plan: list[LayerPlacement], resca
     return out
 
 
+def _merge_device(device: str) -> torch.device | None:
+    """Where a layer's DeepEmbed merge (a V x C x 1024 GEMM) runs: its CUDA device when this
+    machine has it, else None (the CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+        return dev
+    return None
+
+
 def convert_v7(sd: dict, info: ModelInfo, plan: list[LayerPlacement]) -> dict:
     """Load-time transforms for v7 (reference-behaviour 4.8), per layer placement."""
     L = info.n_layer
@@ -128,7 +137,8 @@ def convert_v7(sd: dict, info: ModelInfo, plan: list[LayerPlacement]) -> dict:
         if key.endswith(deep_embed.TABLE):
             i = slot_of(key, L)
             proj = sd[f"blocks.{i}.{deep_embed.EMB_PROJECTION}"]
-            out[key] = deep_embed.merge_table(t, out["emb.weight"], proj, plan[i].atype)
+            out[key] = deep_embed.merge_table(t, out["emb.weight"], proj, plan[i].atype,
+                                              _merge_device(plan[i].device))
             continue
         if key.startswith("blocks.0.att.v") and key[len("blocks.0.att.v"):] in ("0", "1", "2"):
             continue  # layer 0 has no value residual; upstream empties these
