@@ -1,17 +1,18 @@
-"""``python -m rwkv {chat,generate} ...`` (also installed as the ``rwkv`` command)."""
+"""``python -m rwkv {chat,generate,serve} ...`` (also installed as the ``rwkv`` command)."""
 
 import argparse
 import sys
 
 
 def main(argv=None):
-    from .cli import chat, generate
+    from .cli import chat, generate, serve
     from .cli.common import CliError
 
     parser = argparse.ArgumentParser(prog="python -m rwkv", description="RWKV language model programs")
-    sub = parser.add_subparsers(dest="command", metavar="{chat,generate}")
+    sub = parser.add_subparsers(dest="command", metavar="{chat,generate,serve}")
     chat.add_parser(sub)
     generate.add_parser(sub)
+    serve.add_parser(sub)
     ns = parser.parse_args(argv)
     if not getattr(ns, "run", None):
         parser.print_help()

@@ -269,6 +269,17 @@ class RWKV(torch.nn.Module):
             state[:] = new_state
             return logits, state
 
+    def forward_batch(self, tokens, states=None, full_output=False):
+        """``forward`` for B sequences at once: ``tokens`` a list of B token lists (ragged),
+        ``states`` None or a list of B states (an entry None: a fresh start). Returns ``(logits
+        [B, V] fp32, list of B new states)`` (with ``full_output``, logits is a list of [T_i, V]).
+        Equal to B separate ``forward`` calls; each weight is read once for all B last tokens; the
+        caller's states are never written. See ``rwkv.engine`` (also ``BatchDecoder``, slots for
+        servers)."""
+        from .engine import forward_batch
+
+        return forward_batch(self, tokens, states, full_output)
+
     @property
     def z(self) -> WeightsView:
         """Upstream v7's weight dict ``model.z`` (``z['emb.weight']``: the LN0-folded embedding),

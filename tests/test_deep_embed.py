@@ -167,6 +167,37 @@ def test_channel_mix_needs_the_token_ids(fp32):
         fp32._rt.run(x, fp32.generate_zero_state(), False)
 
 
+@pytest.mark.parametrize("strategy", ["cpu fp32", "cpu bf16"])
+def test_batched_decoding_equals_separate_calls(de_path, strategy):
+    # forward_batch and BatchDecoder (rwkv/engine.py) run the channel mix on rows of different
+    # sequences: each row's gate from its own token. Tolerances as tests/test_batch.py's.
+    from rwkv.engine import BatchDecoder
+
+    m = RWKV(de_path, strategy, verbose=False)
+    prompts = [TOKENS[:3], TOKENS[3:9], [1999], TOKENS[::-1]]
+    logits, states = m.forward_batch(prompts)
+    eng = BatchDecoder(m, max_batch=4, prefill_chunk=4)
+    handles = [eng.add(p) for p in prompts]
+    steps = [dict(zip(handles, feed)) for feed in ([5, 6, 7, 8], [100, 2000, 5, 5])]
+    rows = {}
+    while len(rows) < len(prompts):  # prefill until every sequence has its first logits
+        rows.update(dict(eng.step({})))
+    decoded = [[rows[h]] for h in handles]
+    for feed in steps:
+        for h, row in eng.step(feed):
+            decoded[handles.index(h)].append(row.clone())
+    for b, p in enumerate(prompts):
+        want, st = m.forward(p, None)
+        scale = max(float(want.abs().max()), 1.0)
+        tol = 16 * 2 ** -8 * scale if "bf16" in strategy else 1e-5 * scale
+        assert _err(logits[b], want) <= tol, f"forward_batch sequence {b}"
+        assert all(_err(a, w) <= max(tol, 1e-5 * max(1.0, float(w.abs().max()))) for a, w in zip(states[b], st))
+        for n, feed in enumerate([None] + steps):
+            if feed is not None:
+                want, st = m.forward([feed[handles[b]]], st)
+            assert _err(decoded[b][n], want) <= tol, f"engine sequence {b} step {n}"
+
+
 # ------------------------------------------------------------------------------ forward_one_alt
 def test_forward_one_alt_chain_equals_forward(fp32):
     # Upstream's README loop (16 tokens from generate_zero_state), with the token id DeepEmbed needs.

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._checks import ACTIVATIONS
-from ..ops.reference import activate, activate_, ln_mix_math, rows
+from ..ops.reference import activate, activate_, ln_mix_math, ln_mix_rows_math, rows
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
@@ -164,6 +164,41 @@ class LnMix:
         else:
             xx, mixed = ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
         return xx, xx[-1], list(mixed.unbind(0))
+
+    def rows(self, x: torch.Tensor, prev: torch.Tensor) -> tuple:
+        """The batched case: row b of x [B, C] is one token of sequence b and row b of prev
+        [B, C] that sequence's shift state. Returns (xx [B, C], [mixed_0, ...] each [B, C]);
+        xx is the new shift state of every row. Computed as the compiled op computes (in fp32,
+        rounded once) where it would run, else as the torch ops do."""
+        if self.op is not None or self.split_op is not None:
+            w, b, mix = self.op_params
+            m = mix.unsqueeze(1)
+            xx, mixed = ln_mix_rows_math(x.float(), prev.float(), w, b, m, 1 - m if self.lerp else None,
+                                         LAYER_NORM_EPS)
+            xx, mixed = xx.to(x.dtype), mixed.to(x.dtype)
+        else:
+            xx, mixed = ln_mix_rows_math(x, prev, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
+        return xx, list(mixed.unbind(0))
+
+
+class Tiled:
+    """Per-channel parameters repeated for B rows laid end to end (``make(B)``), for block ops run
+    on B sequences at once as one sequence of B*H heads (a batch of one-token steps: the heads of
+    different sequences are as independent as the heads of one). The last B's tensors are kept,
+    so a steady batch builds them once."""
+
+    def __init__(self, make):
+        self.make, self.B, self.value = make, None, None
+
+    def __call__(self, B: int):
+        if B != self.B:
+            self.B, self.value = B, self.make(B)
+        return self.value
+
+
+def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A [B, ...] batch of one-token rows as one row [1, B*...] (a view when t is contiguous)."""
+    return None if t is None else t.reshape(1, -1)
 
 
 class HeadNorm:

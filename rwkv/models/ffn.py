@@ -80,13 +80,37 @@ class ChannelMix:
             value = self.value
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
             return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
+        return self._products(x, xs, gate), shift
+
+    def rows(self, x: torch.Tensor, sx: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The batched step: row b of x [B, C] is one token of sequence b, whose shift state is
+        sx[b] (updated in place); tokens [B] int64: the rows' token ids (DeepEmbed layers only).
+        Returns x + out."""
+        xx, mixed = self.ln_mix.rows(x, sx)
+        sx.copy_(xx)
+        if self.s_emb is not None:
+            self._check_tokens(tokens)
+            return self._deep_embed_products(x, xx, mixed, tokens)
+        if self.version == 7:
+            return self._products(x, mixed, -1)
+        kx, rx = mixed
+        return self._products(x, [rx, kx], 0)
+
+    def _products(self, x, xs, gate):
         ys = self.rk(xs)  # (r and) the key's relu squared
-        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift
+        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None)
 
     def _deep_embed_call(self, x, sx, tokens):
+        self._check_tokens(tokens)
+        xf, shift, mixed = self.ln_mix(x, sx)
+        return self._deep_embed_products(x, xf, mixed, tokens), shift
+
+    def _deep_embed_products(self, x, xf, mixed, tokens):
+        """x + the DeepEmbed channel mix's output, from xf (LN2 of x) and its mix with the shift."""
+        h = self.rk(mixed)[0]  # the key's relu squared, [T, F]
+        return self.value.add_to(x, h * self.deep_embed_gate(xf, tokens))
+
+    def _check_tokens(self, tokens) -> None:
         if tokens is None:
             raise ValueError(f"RWKV: layer {self.layer} is a DeepEmbed channel mix, which needs the "
                              "token ids of its rows (tokens=...)")
-        xf, shift, mixed = self.ln_mix(x, sx)
-        h = self.rk(mixed)[0]  # the key's relu squared, [T, F]
-        return self.value.add_to(x, h * self.deep_embed_gate(xf, tokens)), shift

@@ -163,8 +163,15 @@ def ln_mix_math(x, sx, w, b, mix, rmix, eps):
     of xx with the previous row. mix: [n, 1, C]; rmix: 1 - mix for the lerp form (RWKV-4/5:
     ``xx * mix + prev * rmix``), None for the delta form (RWKV-6/7: ``xx + (prev - xx) * mix``).
     Returns (xx [T, C], mixed [n, T, C])."""
+    return ln_mix_rows_math(x, lambda xx: token_shift(xx, sx), w, b, mix, rmix, eps)
+
+
+def ln_mix_rows_math(x, prev, w, b, mix, rmix, eps):
+    """ln_mix_math where each row's previous row is given: ``prev`` is a [T, C] tensor (the
+    batched case: row b is one token of sequence b, its previous token's layer norm in the shift
+    state) or a function of xx giving it (the sequence case)."""
     xx = F.layer_norm(x, (x.shape[-1],), weight=w, bias=b, eps=eps)
-    prev = token_shift(xx, sx)
+    prev = prev(xx) if callable(prev) else prev
     if rmix is not None:
         return xx, xx * mix + prev * rmix
     return xx, xx + (prev - xx) * mix
@@ -174,8 +181,13 @@ def maa_mix_math(xx, sx, z, w2, maa):
     """RWKV-6's data-dependent token shift after its first low-rank product: xx [T, C] (the layer
     norm), sx [C], z [T, n*D] (the product, before tanh), w2 [n, D, C], maa [n, 1, C]. With
     d = prev - xx (the token shift), returns xx + d * (maa + tanh(z) @ w2) per i: [n, T, C]."""
+    return maa_mix_rows_math(xx, token_shift(xx, sx), z, w2, maa)
+
+
+def maa_mix_rows_math(xx, prev, z, w2, maa):
+    """maa_mix_math with each row's previous row given: prev [T, C] (see ln_mix_rows_math)."""
     T, n = xx.shape[0], w2.shape[0]
-    d = token_shift(xx, sx) - xx
+    d = prev - xx
     m = torch.bmm(torch.tanh(z).view(T, n, w2.shape[1]).transpose(0, 1), w2)
     return xx + d * (maa + m)
 
