@@ -35,12 +35,11 @@ import torch
 ROW = 1024  # s_emb's row length: a RANK x RANK matrix per token
 RANK = 32  # the gate's inner width (s1's columns, s2's rows)
 
-#: The per-layer channel-mix keys of a raw DeepEmbed checkpoint (after ``blocks.{i}.``).
-RAW_KEYS = ("ffn.s_emb.weight", "ffn.s_emb_x.weight", "ffn.s1", "ffn.s2", "ffn.s0")
-#: The keys the runtime reads (a converted file has these: the merge dropped s_emb_x).
-RUN_KEYS = ("ffn.s_emb.weight", "ffn.s1", "ffn.s2", "ffn.s0")
 TABLE = "ffn.s_emb.weight"
 EMB_PROJECTION = "ffn.s_emb_x.weight"
+#: The per-layer channel-mix keys of a raw DeepEmbed checkpoint (after ``blocks.{i}.``); a converted
+#: file has all but EMB_PROJECTION (merged into TABLE).
+RAW_KEYS = (TABLE, EMB_PROJECTION, "ffn.s1", "ffn.s2", "ffn.s0")
 
 
 def is_deep_embed(sd) -> bool:

@@ -76,7 +76,8 @@ def test_merged_table_is_upstreams_formula(fp32):
         assert f"blocks.{i}.ffn.s_emb_x.weight" not in fp32.w  # merged, then unused
 
 
-@pytest.mark.parametrize("missing", ["blocks.1.ffn.s1", "blocks.0.ffn.s_emb_x.weight", "blocks.1.ffn.s0"])
+@pytest.mark.parametrize("missing", [f"blocks.1.{k}" for k in deep_embed.RAW_KEYS]
+                         + ["blocks.0.ffn.s_emb_x.weight"])
 def test_incomplete_deep_embed_keys_are_named(missing):
     sd = _sd()
     del sd[missing]
