@@ -110,9 +110,9 @@ def _place(w: dict, plan, n_layer: int, tables_on_device: bool = False) -> None:
     (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
     layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster. The
     small low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
-    matrices are, so one-token products can use the matrix-vector kernel (same values; bf16:
-    2-2.5x torch's speed there; fp32 on the 1.5b v6: 11.5 vs 39 ms of products per 5 tokens, while
-    torch's 512-row prefill GEMMs run as fast either way, benchmarks/RESULTS.md). Big CPU matrices
+    matrices are, so one-token products can use the matrix-vector kernel (same values, several
+    times torch's speed on these narrow shapes, while torch's prefill GEMMs run as fast with
+    either layout). Big CPU matrices
     whose one-token activation would not stay in the L1 cache (int8 with more than 4096 rows,
     bf16/fp32 with more than 2048) are stored as row slabs (rwkv/slabs.py: faster decode), a
     [slabs, rows, out] tensor in ``w``.
@@ -186,6 +186,16 @@ class RWKV(torch.nn.Module):
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
                  kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
                  exact_int8: bool | None = None, cpu_graph: bool | None = None):
+        """Load a checkpoint and place its layers as ``strategy`` says.
+
+        model: checkpoint path (``.pth`` appended when missing, as upstream; ``.safetensors`` and
+        upstream's pre-converted files load too). strategy: e.g. ``"cpu fp32"``, ``"cuda fp16"``,
+        ``"cuda fp16i8 *20 -> cpu fp32"`` (README, "Strategies"). verbose: print the plan.
+        convert_and_save_and_exit: upstream's keyword (write a pre-converted file and exit the
+        process); ``convert_checkpoint`` does the same without exiting. The keyword-only options
+        are described on the class. Raises ``StrategyError`` for a bad strategy,
+        ``CheckpointError`` for an unusable file and ``DeviceUnavailableError`` for a device this
+        machine lacks (all ``ValueError``)."""
         super().__init__()
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
@@ -330,8 +340,8 @@ class RWKV(torch.nn.Module):
     def _single_id(self, tokens):
         """The id of a decoding step's usual argument, one int or a list of one int, range-checked;
         None for anything else (then _token_ids). No tensor is made for it: while decoding, a
-        tensor of one id and the embedding row indexed by it cost ~170 us of a 1.5b token (their
-        code and data evicted by the weights streamed in between), the row as a view ~30 us."""
+        tensor of one id and the embedding row indexed by it cost several times more than the row
+        as a view (their code and data evicted by the weights streamed in between)."""
         if type(tokens) is list and len(tokens) == 1:
             tokens = tokens[0]
         if type(tokens) is not int:  # (bool, numpy ints and the rest: _token_ids)

@@ -32,7 +32,6 @@ class ServerProcess:
     def __init__(self, *args: str, timeout: float = 120.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.devnull, "w") if os.environ.get("RWKV_TEST_QUIET_SERVER") else None
         self.proc = subprocess.Popen([sys.executable, "-m", "rwkv", "serve", "--port", str(self.port), *args],
                                      cwd=REPO, env={**os.environ, **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

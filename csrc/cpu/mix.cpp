@@ -73,8 +73,8 @@ at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt, const at::
 
 // ln_mix's computation. Its results: [xx, mixed [n, T, C]]; split (ln_mix_split): [xx, the new
 // shift state (xx's last row; sx's values when T is 0), the n mixes [T, C] as separate tensors].
-// While decoding, the selects and the unbind that split ln_mix's results cost ~5-20 us each
-// (torch's code and data flushed from the caches by the weights).
+// While decoding, selects and an unbind to split ln_mix's results would each be a dispatcher
+// round trip with torch's code and data flushed from the caches by the weights.
 // into (split only): ln_mix_split's results (into.h).
 std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
                                    const at::Tensor& b, const at::Tensor& mix, bool lerp,
@@ -134,8 +134,8 @@ std::vector<at::Tensor> ln_mix_split(const at::Tensor& x, const at::Tensor& sx,
 void run_maa_mix(const MaaMixDims& d, const float* xp, const float* sxp, const float* zp,
                  const at::Tensor& w2, const at::Tensor& maa, float* const* outs) {
   const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
-  // tanh(z) once (T*n*D values), before the threads share it; split between them for sequences
-  // (82k values at 1.5B with 512 rows: ~1.5 ms on one thread).
+  // tanh(z) once (T*n*D values), before the threads share it; split between them for sequences,
+  // where it is tens of thousands of values.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
   at::parallel_for(0, static_cast<int64_t>(zt.size()), 8192, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) zt[i] = std::tanh(zp[i]);
@@ -208,8 +208,8 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
 // takes their tanh and sums their rows of w2 (one run of consecutive rows); the thread that
 // completes a mix's second half finishes that mix. One call and one region where linear_one and
 // maa_mix_split made two calls and three regions; a static split, since each thread's range is
-// then one run of w1 and one of w2 (against half-mixes taken one at a time by for_blocks: 1.5b
-// RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md). The op itself: maa_lora_one below.
+// then one run of w1 and one of w2 (half-mixes taken one at a time by for_blocks would scatter
+// each thread's reads; docs/kernels.md). The op itself: maa_lora_one below.
 std::vector<at::Tensor> maa_lora_one_into(const at::Tensor& xx, const at::Tensor& sx,
                                           const at::Tensor& xw, const at::Tensor& w1,
                                           const at::Tensor& w2, const at::Tensor& maa,

@@ -3,8 +3,8 @@
 
 While decoding, Python's own work between the ops is a large share of a token's time: every
 weight streamed through the caches pushes the interpreter's code and data out, so each line of
-the forward runs cold (1.5b int8 models: 5-7 ms of ~55-65 ms per token; 24-layer small models:
-a third of the time). So on the model's first one-token call, ``Runtime.run`` is traced once
+the forward runs cold (around a tenth of a large int8 model's token, a third of a small model's).
+So on the model's first one-token call, ``Runtime.run`` is traced once
 (torch's tracer, ``torch.jit._get_trace_graph``) into a graph of the same ops with the same arguments, and later one-token
 calls run that graph in C++ (its own compilation unit, owned by the model; the weights are
 traced as inputs, then bound into the graph as constants that are the model's own tensors, not
@@ -34,11 +34,11 @@ strategy raises ``ValueError``; the default (None) quietly uses it where support
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from .. import settings
 from ..strategy import LayerPlacement
 from .common import _compiled
 
@@ -68,7 +68,7 @@ def want_graph(requested: bool | None, plan: list[LayerPlacement], mode: str, st
                              "Pass cpu_graph=None (use it where possible) or False.")
         return True
     if requested is None:
-        return why is None and os.environ.get("RWKV_CPU_GRAPH", "1").strip() != "0"
+        return why is None and settings.value("RWKV_CPU_GRAPH")
     return False
 
 
@@ -110,8 +110,7 @@ def constant_bytes(graph) -> int:
 def bind_params(graph, first: int, params: list) -> None:
     """Turns the graph's inputs from index ``first`` on (``params``, in order) into constants that
     refer to those same tensors (no copies). Passed as inputs, the runtime's ~1300 tensors (a
-    24-layer RWKV-7) were converted from Python objects on every call: ~0.26 ms per token with
-    warm caches, ~0.5 ms at 1.5B."""
+    24-layer RWKV-7) would be converted from Python objects on every call."""
     inputs = list(graph.inputs())
     start = next(iter(graph.nodes()))
     for i in reversed(range(first, len(inputs))):
@@ -247,9 +246,9 @@ def _allocations_first(steps: list, names: list, n_inputs: int) -> list:
     """steps with every ``pooled_empty_like`` of a graph input or constant (a layer's new matrix
     state, shaped like its old one) moved to the front, in order. Each slot is written once, and
     these steps read nothing any step writes, so they may run first. Run among the layers, right
-    after a product has streamed its weights through the caches, each allocation took ~7 us (cold
-    code and pool data); run together at the start, ~2 us (1.5b RWKV-7, step timer: 170 -> 50 us
-    a token). (Results made inside an op, like ln_mix_split's new shift state, are made at the
+    after a product has streamed its weights through the caches, each allocation finds its code
+    and pool data cold; run together at the start, they run warm, several times faster. (Results
+    made inside an op, like ln_mix_split's new shift state, are made at the
     plan's start by the plan itself: Reusing's fresh results, csrc/cpu/token_plan.cpp.)"""
     def early(step) -> bool:
         op, _, args, _ = step

@@ -19,8 +19,7 @@ class TimeMixV4:
         self.wkv = ops.resolve("wkv4_forward", torch.device(dd.device).type, mode)
         # On CPU (fp32 or bf16 activations) the compiled wkv4_block: one op for what is otherwise
         # three state copies, wkv4_forward, the gate's multiply and (bf16) a conversion, with the
-        # same bits (1.5b decode, paired A/B: `cpu fp32i8` -0.57, `cpu bf16i8` -0.30, `cpu bf16`
-        # -0.41 ms per token). It takes k and v as the products return them (bf16 ones widened
+        # same bits. It takes k and v as the products return them (bf16 ones widened
         # inside: two conversion ops fewer per layer).
         self.block = fused_op("wkv4_block", dd, mode)
         kv = None if self.block is not None else torch.float32

@@ -142,6 +142,12 @@ def linear_one(x: Tensor, w: Tensor, act: int = 0, *, mode: str = "auto") -> Ten
     return resolve("linear_one", x.device.type, mode)(x, w, act)
 
 
+def linear_rows(x: Tensor, w: Tensor, *, mode: str = "auto") -> Tensor:
+    """x [T, N] @ w [N, M] (column-major, or [S, N/S, M] row slabs), both bf16 or both fp32, with
+    fp32 accumulation; returns [T, M] fp32. Reads each weight once for all T rows."""
+    return resolve("linear_rows", x.device.type, mode)(x, w)
+
+
 def linear_one_group(x: list, w: list, side: list, act: list, *, mode: str = "auto") -> list:
     """Several one-token products in one call: y[i] = linear_one(x[i], w[i], act[i]) for a bf16 or
     fp32 w[i], mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) for a uint8 one, whose side

@@ -359,6 +359,27 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
     return N, M
 
 
+def validate_linear_rows(x, w, op: str = "linear_rows") -> tuple:
+    """Checks linear_rows' arguments (x [T, N] bf16/fp32; w [N, M] column-major or [S, N/S, M]
+    row slabs each column-major, in x's dtype); returns (T, N, M, S)."""
+    check_same_device(op, ("x", "w"), (x, w))
+    torch._check(x.dtype in (torch.bfloat16, torch.float32),
+                 lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
+    check_dim(op, "x", x, "[T, N]", 2)
+    check_dtype(op, "w", w, x.dtype, " (x's dtype)")
+    torch._check(w.dim() in (2, 3), lambda: f"{op}: w must have shape [N, M] or [S, N/S, M], got {_shape(w)}")
+    T, N = int(x.shape[0]), int(x.shape[1])
+    S = int(w.shape[0]) if w.dim() == 3 else 1
+    K, M = int(w.shape[-2]), int(w.shape[-1])
+    torch._check(S >= 1 and S * K == N,
+                 lambda: f"{op}: w must have {N} rows (x's N) in {S} slab(s), got shape {_shape(w)}")
+    torch._check(w.numel() == 0 or ((K <= 1 or w.stride(-2) == 1) and (M <= 1 or w.stride(-1) == K)
+                                    and (S == 1 or w.stride(0) == K * M)),
+                 lambda: f"{op}: w must be column-major (w.t() contiguous, or each slab's), got strides "
+                         f"{list(w.stride())}")
+    return T, N, M, S
+
+
 def validate_linear_one_slabs(x, w, side, op: str = "linear_one_slabs") -> tuple:
     """Checks linear_one_slabs' arguments (x [N] or [1, N] bf16/fp32; w [S, N/S, M] row slabs, each
     column-major; uint8 w with side = mx, rx, my, ry, else w in x's dtype and side empty); returns

@@ -255,6 +255,18 @@ def _linear_one_fake(x, w, act=0):
 # Several one-token products in one call (CPU): product i is linear_one(x[i], w[i], act[i]) for
 # a bf16/fp32 w[i], mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) for a uint8 w[i], whose mx,
 # rx, my, ry are the next four tensors of side (side: 4 per uint8 w, in order). Returns each y.
+# x: [T, N] bf16|fp32; w: [N, M] column-major (w.t() contiguous) or [S, N/S, M] row slabs, each
+# column-major, in x's dtype. Returns y = x @ w: [T, M] fp32 (fp32 accumulation; slabs summed in
+# fp32 in slab order). The batched engine's products of its B rows (each weight read once).
+_define("linear_rows", "(Tensor x, Tensor w) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_rows")
+def _linear_rows_fake(x, w):
+    T, _, M, _ = _checks.validate_linear_rows(x, w)
+    return x.new_empty((T, M), dtype=torch.float32)
+
+
 _define("linear_one_group", "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act) -> Tensor[]")
 
 
@@ -344,5 +356,5 @@ _define("_inference_only", "(str[] names) -> ()")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
+       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one", "linear_rows",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

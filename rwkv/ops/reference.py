@@ -16,7 +16,7 @@ from . import _checks
 # RWKV-7's decay scale exp(-1/2), written as upstream's literal so decays match it bit for bit.
 DECAY_SCALE = 0.606531
 # The constants as 0-dim CPU tensors: a Python number in a tensor op is first copied into a tensor
-# of the op's dtype (~2.5 us per op, a share of one-token decode); a 0-dim tensor is used as it is.
+# of the op's dtype (an extra step per op while decoding); a 0-dim tensor is used as it is.
 # Same values: 1 is exact in every dtype, and the decay product is computed in fp32 or wider, where
 # a 0-dim fp32 factor gives the bits the Python number gives.
 _ONE = torch.tensor(1.0)
@@ -221,7 +221,7 @@ ACTIVATION_FNS_INPLACE = {1: torch.sigmoid_, 2: _relu_squared_, 3: torch.tanh_,
 def activate_(y, act):
     """activate(y, act) in y's memory, for a y that nothing else holds (a product's fresh result):
     a sequence's [T, 4C] relu squared then takes one pass over memory it already owns, where the
-    out-of-place ops made two new tensors (1.5B, 512 rows: ~5 ms a layer against ~0.7)."""
+    out-of-place ops would make two new tensors, several times slower."""
     return ACTIVATION_FNS_INPLACE[act](y) if act else y
 
 
@@ -416,6 +416,20 @@ def linear_one(x, w, act=0):
     _checks.validate_linear_one(x, w)
     _checks.check_act("linear_one", act)
     return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)
+
+
+def linear_rows(x, w):
+    """x [T, N] @ w (column-major [N, M], or [S, N/S, M] row slabs) in fp32, slabs summed in fp32
+    in slab order; both bf16 or both fp32. Returns [T, M] fp32."""
+    T, N, M, S = _checks.validate_linear_rows(x, w)
+    x32 = x.to(torch.float32)
+    if w.dim() == 2:
+        return x32 @ w.to(torch.float32)
+    K = N // S
+    y = x32.new_zeros((T, M))
+    for s in range(S):
+        y += x32[:, s * K:(s + 1) * K] @ w[s].to(torch.float32)
+    return y
 
 
 def linear_one_group(x, w, side, act):

@@ -81,8 +81,11 @@ def run_ray(cfg: ServeConfig, ns) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        # On a cluster of one's own only this deployment goes; a local instance goes whole (its
+        # processes with it: no waiting for the proxies' drain period first).
         try:
-            serve.shutdown()
+            if ns.ray_address:
+                serve.delete("rwkv")
         finally:
             ray.shutdown()
 

@@ -7,29 +7,15 @@ same app as Ray Serve replicas.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cli.common import SHIPPED_MODEL, vocab_for
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest
 from .sampler import SamplingParams
 from .scheduler import Job, Scheduler, request_id
-
-SHIPPED = Path(__file__).resolve().parent.parent.parent / "models" / "rwkv7-tiny"
-
-
-def default_model() -> str:
-    return str(SHIPPED / "rwkv7-tiny.pth")
-
-
-def tokenizer_beside(model_path: str) -> str | None:
-    """The tokenizers JSON file next to a checkpoint (``tokenizer.json``), if there is one."""
-    p = Path(model_path if model_path.endswith(".pth") or os.path.exists(model_path) else model_path + ".pth")
-    cand = p.parent / "tokenizer.json"
-    return str(cand) if cand.is_file() else None
-
 
 @dataclass
 class ServeConfig:
@@ -52,8 +38,10 @@ class ServeConfig:
     system_name: str = "System"
 
     def resolved(self) -> "ServeConfig":
-        model = self.model or default_model()
-        tok = self.tokenizer or tokenizer_beside(model) or "rwkv_vocab_v20230424"
+        """The defaults filled in: the shipped model, the tokenizer beside the checkpoint (else the
+        World vocabulary), the checkpoint's file name as the model's name."""
+        model = self.model or str(SHIPPED_MODEL)
+        tok = vocab_for(model, self.tokenizer)
         name = self.model_name or Path(model).name.removesuffix(".pth")
         return ServeConfig(**{**self.__dict__, "model": model, "tokenizer": tok, "model_name": name})
 
@@ -67,10 +55,10 @@ class Server:
         self.model = model if model is not None else RWKV(cfg.model, cfg.strategy, verbose=False)
         self.pipeline = PIPELINE(self.model, cfg.tokenizer)
         vocab = self.model.args.vocab_size
-        top = max(self.pipeline.encode("\n\nUser: hello") or [0])
-        if top >= vocab:
-            raise ValueError(f"the tokenizer {cfg.tokenizer!r} gives token ids up to {top} but the model's "
-                             f"vocabulary has {vocab}; pass the model's own tokenizer with --tokenizer")
+        if self.pipeline.vocab_size_of_tokenizer() > vocab:
+            raise ValueError(f"the tokenizer {cfg.tokenizer!r} has {self.pipeline.vocab_size_of_tokenizer()} "
+                             f"tokens but the model's vocabulary has {vocab}; pass the model's own tokenizer "
+                             "with --tokenizer")
         self.vocab = vocab
         self.metrics = Metrics()
         self.scheduler = Scheduler(self.model, self._decode, self.metrics, max_batch=cfg.max_batch,
