@@ -67,17 +67,25 @@ def matrix_shapes(model) -> list:
     return shapes
 
 
-def gemm_rate(dtype: torch.dtype, C: int) -> float:
+def gemm_rate(dtype: torch.dtype, C: int, device: str = "cpu") -> float:
     """Multiply-adds x2 per second of torch's GEMM on [256, C] @ [C, 4C] in dtype (best of 5)."""
-    a = torch.randn(256, C).to(dtype)
-    w = torch.randn(C, 4 * C).to(dtype)
+    a = torch.randn(256, C).to(dtype=dtype, device=device)
+    w = torch.randn(C, 4 * C).to(dtype=dtype, device=device)
     a @ w
     best = float("inf")
     for _ in range(5):
+        sync()
         t0 = time.perf_counter()
         a @ w
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * 256 * C * 4 * C / best
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (a step's time then includes its kernels)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def time_single(model, calls: int) -> float:
@@ -89,9 +97,11 @@ def time_single(model, calls: int) -> float:
     for t in toks[1:3]:
         _, st = model.forward([t], st)
     times = []
+    sync()
     for t in toks[3:]:
         t0 = time.perf_counter()
         _, st = model.forward([t], st)
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -107,8 +117,10 @@ def time_batch(model, B: int, steps: int) -> float:
     times = []
     for i in range(steps + 2):
         feed = dict(zip(handles, torch.randint(0, V, (B,), generator=g).tolist()))
+        sync()
         t0 = time.perf_counter()
         eng.step(feed)
+        sync()
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -120,8 +132,8 @@ def bench(path: Path, size: str, version: str, strategy: str, batches: list, ste
 
     model = RWKV(str(path), strategy, verbose=False)
     C = model.args.n_embd
-    act = torch.bfloat16 if "bf16" in strategy else torch.float32
-    rate = gemm_rate(act, C)
+    act = torch.bfloat16 if "bf16" in strategy else torch.float16 if "fp16" in strategy else torch.float32
+    rate = gemm_rate(act, C, "cuda" if strategy.startswith("cuda") else "cpu")
     shapes = matrix_shapes(model)
     wbytes, sbytes = weight_bytes(model), state_bytes(model)
     emb_row = C * model.w["emb.weight"].element_size()

@@ -172,6 +172,9 @@ if ((GPU)); then
   run_step "bench_gpu.py" 400 bench.log "$PY" benchmarks/bench_gpu.py "${UPARGS[@]}" \
     --json "$OUT/bench.jsonl" --markdown "$OUT/bench.md" --budget-s "$BENCH_BUDGET" \
     ${BENCH_SIZES:+--sizes "$BENCH_SIZES"}
+  # Batched decode (the BatchDecoder's steps against single-sequence calls), with what is left.
+  run_step "bench_batch.py (cuda)" 120 batch.log "$PY" benchmarks/bench_batch.py --sizes 1.5b \
+    --versions 7 --strategies "cuda fp16,cuda fp16i8" --batches 1,8,64,256 --steps 3
   # Optional: where a decode token's time goes (kernels and host time per token), appended to
   # bench.log, with what is left of the budget.
   if [[ -n $PROFILE_SIZE ]]; then
@@ -179,7 +182,8 @@ if ((GPU)); then
       benchmarks/profile_gpu.py --size "$PROFILE_SIZE" "${UPARGS[@]}"
   fi
 else
-  for s in build "pytest tests/cuda + op cuda variants" "pytest model-level cuda tests" bench_gpu.py; do
+  for s in build "pytest tests/cuda + op cuda variants" "pytest model-level cuda tests" bench_gpu.py \
+      "bench_batch.py (cuda)"; do
     skip_step "$s" "no GPU: $WHY"
   done
 fi
