@@ -2,9 +2,10 @@
 
 Our kernels are compiled ahead of time and the version is detected from the checkpoint, so
 ``RWKV_JIT_ON``, ``RWKV_CUDA_ON`` and ``RWKV_V7_ON`` change nothing (old scripts set them and must
-keep working). ``RWKV_RESCALE_LAYER`` keeps its upstream meaning. ``RWKV_KERNELS`` forces a kernel
-path (auto, compiled, reference); the ``kernels=`` keyword wins over it. Every variable is
-registered and parsed in ``rwkv.settings``.
+keep working); nor does ``RWKV_DE_VERSION``: DeepEmbed checkpoints are detected from their keys
+(rwkv/deep_embed.py). ``RWKV_RESCALE_LAYER`` keeps its upstream meaning. ``RWKV_KERNELS`` forces
+a kernel path (auto, compiled, reference); the ``kernels=`` keyword wins over it. Every variable
+is registered and parsed in ``rwkv.settings``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import deep_embed
+
 # Keys a pre-converted file (upstream's ``convert_and_save_and_exit``) carries besides tensors.
 CONVERTED_META_KEYS = ("_strategy", "_rescale_layer", "_version")
 
@@ -40,6 +42,7 @@ class ModelInfo:
     converted: bool  # pre-converted by convert_and_save_and_exit (weights already transformed)
     has_time_state: bool
     real_time_first: bool  # the bonus is stored as time_faaaa (or already renamed in a converted file)
+    deep_embed: bool = False  # a DeepEmbed v7 checkpoint (rwkv/deep_embed.py)
 
     @property
     def version_label(self) -> str:
@@ -217,7 +220,11 @@ def inspect_checkpoint(sd: dict, path: str = "<checkpoint>") -> ModelInfo:
     info = ModelInfo(version=version, n_layer=n_layer, n_embd=C, n_att=n_att, n_ffn=n_ffn, vocab_size=vocab,
                      n_head=n_head, head_size=head_size, converted=converted,
                      has_time_state=any(k.endswith(".time_state") for k in sd),
-                     real_time_first=any(".time_faaaa" in k for k in sd) or (converted and version >= 5.2))
+                     real_time_first=any(".time_faaaa" in k for k in sd) or (converted and version >= 5.2),
+                     deep_embed=deep_embed.is_deep_embed(sd))
+    if info.deep_embed and version != 7:
+        raise CheckpointError(f"RWKV: {path!r} has DeepEmbed keys (ffn.s_emb.weight) but is a "
+                              f"v{version} checkpoint; DeepEmbed exists only for RWKV-7")
     _validate_shapes(sd, info, path)
     return info
 
@@ -236,6 +243,8 @@ def _expected_shapes(info: ModelInfo, i: int) -> dict:
         s.update({"att.r_k": (H, N), "att.receptance.weight": (C, C), "att.key.weight": (C, C),
                   "att.value.weight": (C, C), "att.output.weight": (C, C), "att.ln_x.weight": vec,
                   "att.ln_x.bias": vec, "ffn.x_k": vec, "ffn.key.weight": (F, C), "ffn.value.weight": (C, F)})
+        if info.deep_embed:
+            s.update(deep_embed.expected_shapes(C, F, V, info.converted))
         return s
     s.update({"att.key.weight": (A, C), "att.value.weight": (A, C), "att.receptance.weight": (A, C),
               "att.output.weight": (C, A), "ffn.key.weight": (F, C), "ffn.receptance.weight": (C, C),
@@ -268,8 +277,9 @@ def _validate_shapes(sd: dict, info: ModelInfo, path: str) -> None:
     for i in range(info.n_layer):
         for suffix, shape in _expected_shapes(info, i).items():
             t = _require(sd, f"blocks.{i}.{suffix}", None, path)
-            if t.dim() == 2 and info.converted and suffix.endswith(".weight") and "ln" not in suffix:
-                shape = shape[::-1]  # converted files store matrices as (in, out)
+            if (t.dim() == 2 and info.converted and suffix.endswith(".weight") and "ln" not in suffix
+                    and suffix != deep_embed.TABLE):
+                shape = shape[::-1]  # converted files store matrices as (in, out); tables stay (V, 1024)
             if t.dtype == torch.uint8:
                 continue  # int8 matrices of a converted file; their side tensors are checked at use
             _require(sd, f"blocks.{i}.{suffix}", shape, path)

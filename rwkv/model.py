@@ -15,7 +15,7 @@ import types
 import numpy as np
 import torch
 
-from . import hugepages, ops, slabs
+from . import deep_embed, hugepages, ops, slabs
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
@@ -25,6 +25,7 @@ from .models.common import _compiled
 from .models.cpu_graph import CPUGraphDecoder, want_graph
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
+from .upstream_v7 import WeightsView, one_step
 
 __all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError",
            "DeviceUnavailableError"]
@@ -103,7 +104,7 @@ def release_freed_memory() -> None:
     trim(0)
 
 
-def _place(w: dict, plan, n_layer: int) -> None:
+def _place(w: dict, plan, n_layer: int, tables_on_device: bool = False) -> None:
     """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
     (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
@@ -114,7 +115,13 @@ def _place(w: dict, plan, n_layer: int) -> None:
     either layout). Big CPU matrices
     whose one-token activation would not stay in the L1 cache (int8 with more than 4096 rows,
     bf16/fp32 with more than 2048) are stored as row slabs (rwkv/slabs.py: faster decode), a
-    [slabs, rows, out] tensor in ``w``."""
+    [slabs, rows, out] tensor in ``w``.
+
+    DeepEmbed tables (``ffn.s_emb.weight``, V x 1024 per layer, most of a small model's bytes) of
+    layers on another device stay in CPU memory unless ``tables_on_device``: a token reads one row
+    of each, so gathering the rows on the CPU and copying them over (T x 2 KiB a layer in fp16)
+    costs far less than the device memory the tables would take. A CUDA graph cannot gather from
+    host memory, so ``cuda_graph=True`` puts them on the device (``tables_on_device``)."""
     pin = torch.cuda.is_available()
     on_cpu = []
     for key in list(w):
@@ -131,6 +138,8 @@ def _place(w: dict, plan, n_layer: int) -> None:
                 w[key] = slabs.for_decode(w[key])
             on_cpu.append(key)
             continue
+        if key.endswith(deep_embed.TABLE) and not tables_on_device:
+            continue  # stays in CPU memory (see above)
         if dd.stream and key.endswith(STREAM_NAMES):
             w[key] = _host_copy(t, pin)
         else:
@@ -204,7 +213,7 @@ class RWKV(torch.nn.Module):
             print(f"Loading {path} ...")
             if info.converted:
                 print(f"Converted model: strategy {sd.get('_strategy')}, version {sd.get('_version')}\n")
-            print(f"Model detected: {info.version_label}")
+            print(f"Model detected: {info.version_label}" + (" DeepEmbed" if info.deep_embed else ""))
         w = _convert(sd, info, plan, rescale, strat.normalized, path)
         del sd
         if convert_and_save_and_exit:
@@ -214,7 +223,7 @@ class RWKV(torch.nn.Module):
             if verbose:
                 print(f"Saved converted model to {out}")
             sys.exit(0)  # upstream's behaviour; use rwkv.model.convert_checkpoint to keep running
-        _place(w, plan, info.n_layer)
+        _place(w, plan, info.n_layer, tables_on_device=cuda_graph)
         release_freed_memory()
         self.w = w
         self.info = info
@@ -280,6 +289,24 @@ class RWKV(torch.nn.Module):
         from .engine import forward_batch
 
         return forward_batch(self, tokens, states, full_output)
+
+    @property
+    def z(self) -> WeightsView:
+        """Upstream v7's weight dict ``model.z`` (``z['emb.weight']``: the LN0-folded embedding),
+        a read-only view of ``model.w`` (rwkv/upstream_v7.py says where the layouts differ)."""
+        return WeightsView(self.w)
+
+    def forward_one_alt(self, x: torch.Tensor, state: list, token=None):
+        """Upstream v7's one-step call for CUDA-graph decoding: x is the token's embedding row [C]
+        (``model.z['emb.weight'][token]``, any float dtype, on any device: it is moved to layer 0's
+        device and dtype), state a state list of this model (not written). Returns (logits [V] fp32,
+        a new state list), as ``forward([token], state)`` does. On a strategy with every layer and
+        the head on one CUDA device, a call can be captured in a ``torch.cuda.graph`` (upstream's
+        README). DeepEmbed models also need ``token``, the id x belongs to (an int; for graph
+        capture a one-element int64 tensor on the device, with the model built with
+        ``cuda_graph=True``, which keeps the DeepEmbed tables on the GPU); without it a ValueError
+        says so (upstream's DeepEmbed forward_one_alt fails with a NameError)."""
+        return one_step(self, x, state, token)
 
     def generate_zero_state(self) -> list:
         """A fresh initial state (including a state-tuned initial state, if one is loaded)."""
@@ -385,4 +412,7 @@ class RWKV(torch.nn.Module):
             int8 = f"  int8 decode={op}" if op else ""
             print(f"  {span:<22} {dd.device} {dd.dtype}{' i8' if dd.quant else ''}"
                   f"{' stream' if dd.stream else ''}  {wkv}={impl}{int8}")
+        if self.info.deep_embed:
+            where = sorted({str(self.w[f"blocks.{i}.{deep_embed.TABLE}"].device) for i in range(L)})
+            print(f"  DeepEmbed token tables in {', '.join(where)} memory (one row per token gathered)")
         print(f"  CPU ISA: {ops.cpu_isa()}")

@@ -150,7 +150,7 @@ class Runtime:
     def forward(self, tokens: torch.Tensor, state: list, full_output: bool):
         """tokens: [T] int64 on CPU, already validated. Returns (logits fp32, new state list).
         The input state's tensors are never written: the kernels update private copies."""
-        return self.run(self.emb[tokens], state, full_output)
+        return self.run(self.emb[tokens], state, full_output, tokens)
 
     def step_rows(self, tokens: torch.Tensor, state: list) -> torch.Tensor:
         """One token of each of B sequences: tokens [B] int64 on CPU (validated), state the B
@@ -173,16 +173,21 @@ class Runtime:
                     x, v_first = att.rows(x, s[0], s[1], v_first)
                 else:
                     x = att.rows(x, s[0], s[1])
-                x = ffn.rows(x, s[2])
+                x = ffn.rows(x, s[2], tokens)
             if self.rescale > 0 and (i + 1) % self.rescale == 0:
                 x = x / 2
         x = moved(x, self.plan[info.n_layer].atype, self.devices[info.n_layer])
         return self.head(self.head_norm(x), torch.float32)
 
-    def run(self, x: torch.Tensor, state: list, full_output: bool):
-        """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). Captured
-        in a CUDA graph by models/cuda_graph.py: no host syncs or data-dependent branches here."""
+    def run(self, x: torch.Tensor, state: list, full_output: bool, tokens: torch.Tensor | None = None):
+        """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). tokens:
+        the ids of x's rows ([T] int64), which DeepEmbed channel mixes read (others ignore it).
+        Captured in a CUDA graph by models/cuda_graph.py: no host syncs or data-dependent branches
+        here."""
         info, per = self.info, self.per_layer
+        if info.deep_embed and tokens is None:
+            raise ValueError("RWKV: this DeepEmbed model's channel mix reads each row's token id; "
+                             "pass the ids of x's rows (tokens=...)")
         new_state = list(state)
         v_first = None
         # Shift states are the last row of a [T, C] activation; for T > 1 keep a copy of the row, not
@@ -202,7 +207,7 @@ class Runtime:
                     x, sx, v_first, S = att(x, s[0], s[1], v_first)
                 else:
                     x, sx, S = att(x, s[0], s[1])
-                x, sf = ffn(x, s[2])
+                x, sf = ffn(x, s[2], tokens)
                 new_state[i * per:(i + 1) * per] = [own(sx), S, own(sf)]
             if self.rescale > 0 and (i + 1) % self.rescale == 0:
                 x = x / 2

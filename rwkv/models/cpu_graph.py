@@ -290,7 +290,13 @@ class CPUGraphDecoder:
     def forward_one(self, token: int, state: list):
         """token: a range-checked id; state: a validated state list (never written). Returns
         (logits [V] fp32, new state list), those of ``Runtime.forward``. x is the embedding's row
-        as a view (no op writes its input x); the plan takes that row itself (run_row)."""
+        as a view (no op writes its input x); the plan takes that row itself (run_row).
+
+        A DeepEmbed model's graph has one more input after x, the token id as a [1] int64 tensor
+        (its channel mixes gather their table rows with it: the gather is an op of the graph, so
+        the graph serves every token); the plan takes it as the first of its state inputs."""
+        if self.rt.info.deep_embed:
+            return self._forward_ids(token, state)
         if self.plan is not None:
             out = self.plan.run_row(self.rt.emb, token, state)  # [logits, *new state]
             return out[0], out[1:]
@@ -302,33 +308,52 @@ class CPUGraphDecoder:
         out = self.fn(x, *state)
         return out[0], out[1:]
 
-    def _trace(self, x: torch.Tensor, state: list):
+    def _forward_ids(self, token: int, state: list):
+        """forward_one with the token id as a graph input (DeepEmbed models)."""
+        x = self.rt.emb.narrow(0, token, 1)
+        ids = torch.tensor([token], dtype=torch.long)
+        if self.plan is not None:
+            out = self.plan.run(x, [ids, *state])
+        elif self.fn is not None:
+            out = self.fn(x, ids, *state)
+        elif self.failed is None:
+            return self._trace(x, state, ids)
+        else:
+            return self.rt.run(x, state, False, ids)
+        return out[0], out[1:]
+
+    def _trace(self, x: torch.Tensor, state: list, ids: torch.Tensor | None = None):
+        """Traces, checks and keeps the graph (and its plan); returns the op-by-op run's results.
+        ids: the token id of x ([1] int64), a graph input after x, for DeepEmbed models only."""
         rt = self.rt
         n_state = len(state)
+        extra = [] if ids is None else [ids]
         # Every tensor the runtime holds is an input of the traced graph, so that the trace
         # cannot copy one into a constant of its own (checked below); they are then bound into
         # the graph as constants that are those very tensors (bind_params).
         params = runtime_tensors(rt)
 
         def step(x, *args):
-            logits, new_state = rt.run(x, list(args[:n_state]), False)
+            tokens = args[0] if extra else None
+            st = list(args[len(extra):len(extra) + n_state])
+            logits, new_state = rt.run(x, st, False, tokens)
             return (logits, *new_state)
 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", torch.jit.TracerWarning)  # a value used in Python
                 warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's own notice
-                graph, _ = torch.jit._get_trace_graph(step, (x, *state, *params))
+                graph, _ = torch.jit._get_trace_graph(step, (x, *extra, *state, *params))
             # The graph becomes a function of our own compilation unit, which goes when this
             # decoder goes (torch.jit.trace would register it for the life of the process).
             held = constant_bytes(graph)
             if held > MAX_CONSTANT_BYTES:
                 raise RuntimeError(f"the graph would hold {held} bytes of tensors as constants")
-            bind_params(graph, 1 + n_state, params)
+            bind_params(graph, 1 + len(extra) + n_state, params)
             list_output(graph)
             fn = torch._C.CompilationUnit().create_function("rwkv_one_token", graph)
-            traced = step(x, *state)  # op by op: the reference for the graph's first run
-            again = fn(x, *state)
+            traced = step(x, *extra, *state)  # op by op: the reference for the graph's first run
+            again = fn(x, *extra, *state)
             if len(again) != len(traced) or not all(torch.equal(a, b) for a, b in zip(again, traced)):
                 raise RuntimeError("the graph's first run differs from the op-by-op run")
         except Exception as e:  # any failure leaves the op-by-op path, which is always valid
@@ -336,9 +361,9 @@ class CPUGraphDecoder:
             if self.explicit:
                 warnings.warn(f"RWKV: the one-token CPU graph could not be built ({self.failed}); "
                               "decoding runs op by op", RuntimeWarning, stacklevel=4)
-            return rt.run(x, state, False)
+            return rt.run(x, state, False, ids)
         self.fn = fn
-        self._plan(graph, x, state, traced)
+        self._plan(graph, x, extra + list(state), traced)
         return traced[0], list(traced[1:])
 
     def _plan(self, graph, x: torch.Tensor, state: list, traced: tuple) -> None:
