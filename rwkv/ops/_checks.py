@@ -237,12 +237,17 @@ def validate_ln_mix(x, sx, w, b, mix, op: str = "ln_mix") -> tuple:
     """Checks ln_mix's (or ln_mix_split's) arguments; returns (T, C, n)."""
     check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
     T, C = _check_activation_and_shift(op, "x", x, sx)
+    return T, C, _check_norm_and_mix(op, w, b, mix, C)
+
+
+def _check_norm_and_mix(op: str, w, b, mix, C: int) -> int:
+    """The layer norm's w, b [C] and the mixes [n, C], all fp32; returns n."""
     _check_channel_vectors(op, ("w", "b"), (w, b), C)
     check_dtype(op, "mix", mix, torch.float32)
     check_dim(op, "mix", mix, "[n, C]", 2)
     n = int(mix.shape[0])
     check_shape(op, "mix", mix, "[n, C]", (n, C))
-    return T, C, n
+    return n
 
 
 def _check_rows_shift(op: str, name: str, x, sx) -> tuple:
@@ -260,12 +265,7 @@ def validate_ln_mix_rows(x, sx, w, b, mix, op: str = "ln_mix_rows") -> tuple:
     """Checks ln_mix_rows' arguments (x, sx [B, C]; w, b [C], mix [n, C] fp32); returns (B, C, n)."""
     check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
     B, C = _check_rows_shift(op, "x", x, sx)
-    _check_channel_vectors(op, ("w", "b"), (w, b), C)
-    check_dtype(op, "mix", mix, torch.float32)
-    check_dim(op, "mix", mix, "[n, C]", 2)
-    n = int(mix.shape[0])
-    check_shape(op, "mix", mix, "[n, C]", (n, C))
-    return B, C, n
+    return B, C, _check_norm_and_mix(op, w, b, mix, C)
 
 
 def validate_maa_mix_rows(xx, sx, z, w2, maa, op: str = "maa_mix_rows") -> tuple:
