@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -142,14 +143,19 @@ async def _answer(server: Server, request: Request, req, kind: str, make_job):
                                    ping=15, sep="\n")
     try:
         text = []
+        checked = time.monotonic()
         while True:
             try:
                 event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                event = None
+            if time.monotonic() - checked >= DISCONNECT_POLL_S:  # (events may never pause)
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     job.cancel()
                     server.scheduler.wake()
                     return Response(status_code=499)
+            if event is None:
                 continue
             if event[0] == "text":
                 text.append(event[1])

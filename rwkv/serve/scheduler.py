@@ -25,7 +25,7 @@ import torch
 from ..engine import BatchDecoder
 from ..prefix_cache import PrefixCache
 from .protocol import ApiError
-from .sampler import Sampler, SamplingParams, TextOutput
+from .sampler import Sampler, SamplingParams, TextOutput, sample_rows
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Scheduler:
     def __init__(self, model, decode, metrics, *, max_batch: int, max_queue: int, prefill_chunk: int,
                  cache_bytes: int, cache_entries: int = 256):
         self.engine = BatchDecoder(model, max_batch, prefill_chunk=prefill_chunk)
+        self.engine_vocab = model.args.vocab_size
         self.decode = decode
         self.metrics = metrics
         self.max_queue = max_queue
@@ -138,7 +139,7 @@ class Scheduler:
             self._start(job)
 
     def _start(self, job: Job) -> None:
-        job.sampler = Sampler(job.params)
+        job.sampler = Sampler(job.params, self.engine_vocab)
         job.out = TextOutput(self.decode, job.params.stop, job.strip_leading)
         tokens, hit = job.tokens, None
         if self.cache is not None:
@@ -148,7 +149,7 @@ class Scheduler:
             job.cached = hit.n_tokens
             job.handle = self.engine.add(state=hit.state)
             self._jobs[job.handle] = job
-            self._on_logits(job, hit.logits)
+            self._on_logits([job], hit.logits.reshape(1, -1))
         else:
             n = 0 if hit is None else hit.n_tokens
             job.cached = n
@@ -171,26 +172,28 @@ class Scheduler:
                 job = self._jobs.get(snap.handle)
                 if job is not None:
                     self.cache.put(job.tokens[:job.cached + snap.n_tokens], snap.state, snap.logits)
-        generated = 0
-        for h, logits in out:
-            job = self._jobs.get(h)
-            if job is not None:
-                generated += 1
-                self._on_logits(job, logits)
-        self.metrics.step(generated)
+        rows = [i for i, h in enumerate(out.handles) if h in self._jobs]
+        if rows:
+            self._on_logits([self._jobs[out.handles[i]] for i in rows], out.logits[rows])
+        self.metrics.step(len(rows))
 
-    def _on_logits(self, job: Job, logits: torch.Tensor) -> None:
-        """Sample the job's next token, emit its text, finish it or queue the token."""
-        if job.cancelled:
-            return self._finish(job, None)
+    def _on_logits(self, jobs: list, logits: torch.Tensor) -> None:
+        """Sample every job's next token from its row of logits [n, V] (all rows at once), emit
+        its text, finish it or queue the token."""
         now = time.monotonic()
+        for job, token in zip(jobs, sample_rows([j.sampler for j in jobs], logits)):
+            if job.cancelled:
+                self._finish(job, None)
+            else:
+                self._on_token(job, token, now)
+
+    def _on_token(self, job: Job, token: int, now: float) -> None:
         if job.first_at is None:
             job.first_at = now
             self.metrics.ttft.observe(now - job.arrived)
         else:
             self.metrics.itl.observe(now - job.last_at)
         job.last_at = now
-        token = job.sampler(logits)
         if token in job.params.stop_tokens:
             return self._finish(job, "stop")
         for piece in job.out.add(token):
