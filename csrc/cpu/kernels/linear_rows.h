@@ -14,8 +14,12 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate).
-template <class V, int R, int C, class T>
+// How far ahead of the multiply-adds the first row group prefetches each column.
+constexpr int64_t kRowsAhead = 2048;
+
+// Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate);
+// kPrefetch: prefetch every 64-byte line of the columns kRowsAhead bytes ahead.
+template <class V, int R, int C, bool kPrefetch, class T>
 inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t ldx, const T* w,
                        float* y, int64_t ldy, bool accumulate) {
   using Reg = typename V::reg;
@@ -30,7 +34,11 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
     for (int c = 0; c < C; ++c) acc[r][c] = V::zero();
   }
   int64_t n = 0;
+  constexpr int64_t E = sizeof(T);
   for (; n + W <= N; n += W) {
+    if (kPrefetch && (n * E) % 64 == 0)
+      for (int c = 0; c < C; ++c)
+        __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kRowsAhead);
     Reg wv[C];
     for (int c = 0; c < C; ++c) wv[c] = load_elems<V>(col[c] + n);
     for (int r = 0; r < R; ++r) {
@@ -48,21 +56,45 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
   }
 }
 
-// Every row of columns [m, m + C): groups of 4 rows, then the rows left.
-template <class V, int C, class T>
-inline void rows_columns(int64_t T_, int64_t N, int64_t m, const float* x, int64_t ldx, const T* w,
-                         float* y, int64_t ldy, bool accumulate) {
-  int64_t t = 0;
-  for (; t + 4 <= T_; t += 4) rows_block<V, 4, C>(N, t, m, x, ldx, w, y, ldy, accumulate);
-  switch (T_ - t) {
-    case 3: rows_block<V, 3, C>(N, t, m, x, ldx, w, y, ldy, accumulate); break;
-    case 2: rows_block<V, 2, C>(N, t, m, x, ldx, w, y, ldy, accumulate); break;
-    case 1: rows_block<V, 1, C>(N, t, m, x, ldx, w, y, ldy, accumulate); break;
-    default: break;
+// Rows per group: the accumulators of a group's R x C block stay in registers (8 x 2 of 32
+// with 512-bit registers, 4 x 2 of 16 with narrower ones). A block of up to kRowGroup rows thus
+// loads each weight once for all of them, the multiply-adds of every row following each load.
+template <class V>
+constexpr int kRowGroup = V::width >= 16 ? 8 : 4;
+
+// One group of r < R rows (the rows left), dispatched to its block size.
+template <class V, int R, int C, bool kPrefetch, class T>
+inline void rows_tail(int r, int64_t N, int64_t t, int64_t m, const float* x, int64_t ldx, const T* w,
+                      float* y, int64_t ldy, bool accumulate) {
+  if constexpr (R > 1) {
+    if (r == R - 1) return rows_block<V, R - 1, C, kPrefetch>(N, t, m, x, ldx, w, y, ldy, accumulate);
+    rows_tail<V, R - 1, C, kPrefetch>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
   }
 }
 
-// linear_rows on output columns [m0, m1) of y [T, M] (row stride M).
+// Every row of columns [m, m + C): groups of kRowGroup rows, then the rows left; the first group
+// reads the columns from memory, with the prefetch.
+template <class V, int C, class T>
+inline void rows_columns(int64_t T_, int64_t N, int64_t m, const float* x, int64_t ldx, const T* w,
+                         float* y, int64_t ldy, bool accumulate) {
+  constexpr int R = kRowGroup<V>;
+  int64_t t = 0;
+  if (T_ >= R) {
+    rows_block<V, R, C, true>(N, 0, m, x, ldx, w, y, ldy, accumulate);
+    t = R;
+  }
+  for (; t + R <= T_; t += R) rows_block<V, R, C, false>(N, t, m, x, ldx, w, y, ldy, accumulate);
+  if (t < T_) {
+    const int r = static_cast<int>(T_ - t);
+    if (t == 0) {
+      rows_tail<V, R, C, true>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
+    } else {
+      rows_tail<V, R, C, false>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
+    }
+  }
+}
+
+// linear_rows on output columns [m0, m1) of y [T, M] (row stride M): blocks of 2 columns.
 template <class V, class T>
 void linear_rows(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
                  int64_t ldx, const T* w, float* y, bool accumulate) {
