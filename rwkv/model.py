@@ -19,7 +19,9 @@ from . import hugepages, ops, slabs
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
-from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
+from .files import save_atomic
+from .loading import (CheckpointError, ModelInfo, check_finite, copy_out_of_mapping, inspect_checkpoint,
+                      open_checkpoint, read_checkpoint, resolve_path)
 from .models.base import Runtime, StateError, TokenError
 from .models.common import _compiled
 from .models.cpu_graph import CPUGraphDecoder, want_graph
@@ -61,12 +63,15 @@ def _load(model, strategy, rescale_layer, kernels):
     env = read_env()
     strat = parse_strategy(strategy)
     path = resolve_path(model)
-    sd = read_checkpoint(path)
+    # Mapped, so that a model larger than the free memory still loads (pages are read as converted);
+    # RWKV() copies what it keeps out of the mapping (copy_out_of_mapping) before dropping it.
+    sd, mapped = open_checkpoint(path, mmap=True)
     info = inspect_checkpoint(sd, path)
+    check_finite(sd, path)
     plan = plan_layers(strat, info.n_layer)
     rescale = resolve_rescale(env, strat.normalized, info.version, rescale_layer)
     mode = resolve_kernels(env, kernels)
-    return env, strat, path, sd, info, plan, rescale, mode
+    return env, strat, path, sd, mapped, info, plan, rescale, mode
 
 
 def _convert(sd, info, plan, rescale, strategy_string, path):
@@ -142,15 +147,15 @@ def convert_checkpoint(model, strategy: str, out: str, *, rescale_layer: int | N
     """Write a pre-converted file for ``strategy`` (upstream's ``convert_and_save_and_exit`` format,
     loadable by upstream for v4/v5.x, and by us for every version including v6 and v7), without
     exiting the process. Returns the path written (``.pth`` appended when missing)."""
-    env, strat, path, sd, info, plan, rescale, _ = _load(model, strategy, rescale_layer, "reference")
+    env, strat, path, sd, _, info, plan, rescale, _ = _load(model, strategy, rescale_layer, "reference")
     if info.converted:
         raise CheckpointError(f"convert_checkpoint: {path!r} is already converted")
     w = _convert(sd, info, plan, rescale, strat.normalized, path)
     out = os.fspath(out).strip()
     if not out.endswith(".pth"):
         out += ".pth"
-    torch.save(converted_payload(w, strat.normalized, rescale), out)
-    return out
+    # A new file renamed into place: the source (possibly the same path) stays mapped and intact.
+    return save_atomic(converted_payload(w, strat.normalized, rescale), out)
 
 
 _NO_TOKENS = "RWKV.forward: tokens is empty; pass at least one token id"
@@ -182,7 +187,7 @@ class RWKV(torch.nn.Module):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
         if exact_int8 is not None and not isinstance(exact_int8, bool):
             raise TypeError(f"RWKV: exact_int8 must be True, False or None, got {exact_int8!r}")
-        env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
+        env, strat, path, sd, mapped, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
         use_cpu_graph = want_graph(cpu_graph, plan, mode, strat.normalized)
         if convert_and_save_and_exit is None:
@@ -196,15 +201,18 @@ class RWKV(torch.nn.Module):
                 print(f"Converted model: strategy {sd.get('_strategy')}, version {sd.get('_version')}\n")
             print(f"Model detected: {info.version_label}")
         w = _convert(sd, info, plan, rescale, strat.normalized, path)
-        del sd
         if convert_and_save_and_exit:
             out = os.fspath(convert_and_save_and_exit).strip()
             out = out if out.endswith(".pth") else out + ".pth"
-            torch.save(converted_payload(w, strat.normalized, rescale), out)
+            save_atomic(converted_payload(w, strat.normalized, rescale), out)
             if verbose:
                 print(f"Saved converted model to {out}")
             sys.exit(0)  # upstream's behaviour; use rwkv.model.convert_checkpoint to keep running
         _place(w, plan, info.n_layer)
+        if mapped:
+            # Nothing kept may view the file: rewriting it while the model lives must not fault.
+            copy_out_of_mapping(w, sd)
+        del sd
         release_freed_memory()
         self.w = w
         self.info = info
@@ -270,6 +278,7 @@ class RWKV(torch.nn.Module):
         ``state=None``. ``source`` is a path (.pth or .safetensors) or a dict of tensors."""
         if self.version == 4:
             raise ValueError("load_state_tuning: RWKV-4 has no matrix state to tune")
+        # Read into memory and closed: the file may be rewritten while the model uses the state.
         sd = read_checkpoint(resolve_path(source)) if not isinstance(source, dict) else source
         H, N, L = self.info.n_head, self.info.head_size, self.info.n_layer
         states = []
