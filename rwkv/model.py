@@ -254,8 +254,7 @@ class RWKV(torch.nn.Module):
             if state is None:
                 state_in = self._rt.zero_state()
             else:
-                self._rt.validate_state(state)
-                state_in = state
+                state_in = self._rt.validate_state(state)
             if self._graph is not None and (ids is None or ids.numel() == 1):
                 # one token: same result, logits [V]
                 token = one if ids is None else int(ids[0])
@@ -311,6 +310,10 @@ class RWKV(torch.nn.Module):
         return tokens
 
     def _token_ids(self, tokens) -> torch.Tensor:
+        """Ids as a [T] int64 CPU tensor. Accepted: an int, a list or tuple of ints, a 1-D integer numpy
+        array or an integer tensor (0-D or 1-D); anything else (dicts, sets, bytes, strings, iterators)
+        is a TokenError. Ranges are checked on the values as given, so an unsigned id that does not fit
+        int64 is reported as itself, not wrapped."""
         if isinstance(tokens, (bool, np.bool_)):
             raise TokenError(f"RWKV.forward: tokens must be token ids, got {tokens!r}")
         if isinstance(tokens, (int, np.integer)):
@@ -318,27 +321,35 @@ class RWKV(torch.nn.Module):
         if isinstance(tokens, torch.Tensor):
             if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
                 raise TokenError(f"RWKV.forward: tokens must be an integer tensor, got {tokens.dtype}")
-            ids = tokens.detach().reshape(-1).to(device="cpu", dtype=torch.long)
             if tokens.dim() > 1:
                 raise TokenError(f"RWKV.forward: tokens must be 1-D, got shape {list(tokens.shape)}")
-        elif isinstance(tokens, np.ndarray):
+            if tokens.layout != torch.strided or tokens.device.type not in ("cpu", "cuda"):
+                raise TokenError(f"RWKV.forward: tokens must be a dense CPU or CUDA tensor, got "
+                                 f"{tokens.layout} on {tokens.device}")
+            tokens = tokens.detach().reshape(-1).cpu()
+            if tokens.dtype in (torch.uint16, torch.uint32, torch.uint64):
+                tokens = tokens.numpy()  # torch has no min/max for these; numpy does, exactly
+            else:
+                ids = tokens.to(dtype=torch.long)
+        if isinstance(tokens, np.ndarray):
             if tokens.dtype.kind not in "iu" or tokens.ndim != 1:
                 raise TokenError(f"RWKV.forward: a numpy tokens array must be 1-D of integers, got "
                                  f"{tokens.dtype} with shape {list(tokens.shape)}")
-            ids = torch.from_numpy(tokens.astype(np.int64, copy=True))
-        else:
-            try:
-                seq = list(tokens)
-            except TypeError:
-                raise TokenError(f"RWKV.forward: tokens must be a list of token ids, got "
-                                 f"{type(tokens).__name__}") from None
-            for t in seq:
+            if tokens.size == 0:
+                raise TokenError(_NO_TOKENS)
+            self._check_id_range(int(tokens.min()), int(tokens.max()))  # before any cast to int64
+            return torch.from_numpy(tokens.astype(np.int64, copy=True))
+        if not isinstance(tokens, torch.Tensor):
+            if not isinstance(tokens, (list, tuple)):
+                raise TokenError(f"RWKV.forward: tokens must be a list of token ids (or a tuple, a 1-D "
+                                 f"integer numpy array or tensor), got {type(tokens).__name__}")
+            for t in tokens:
                 if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
                     raise TokenError(f"RWKV.forward: every token must be an int, got {t!r} "
                                      f"({type(t).__name__})")
-            if not seq:
+            if not tokens:
                 raise TokenError(_NO_TOKENS)
-            vals = [int(t) for t in seq]
+            vals = [int(t) for t in tokens]
             self._check_id_range(min(vals), max(vals))  # on Python ints: no tensor ops per token
             return torch.tensor(vals, dtype=torch.long)
         if ids.numel() == 0:
