@@ -43,12 +43,13 @@ class Spec:
     alias: str | None = None  # another name the same tensor is stored under (e.g. time_faaaa)
 
 
-def _dim(sd: dict, key: str, axis: int) -> int:
-    """A size read from the file for a free width; -1 (which no check accepts) if it cannot be read."""
+def _dim(sd: dict, key: str, axis: int, name: str, times: int = 1):
+    """A free width read from the file (``times`` times it); where it cannot be read (the tensor is
+    missing or has too few dimensions), the symbol ``name``, which no tensor matches, for messages."""
     t = sd.get(key)
     if isinstance(t, torch.Tensor) and t.dim() > axis:
-        return int(t.shape[axis])
-    return -1
+        return times * int(t.shape[axis])
+    return name if times == 1 else f"{times}*{name}"
 
 
 def _layer_v4(info, i: int, sd: dict, p: str) -> dict:
@@ -86,12 +87,14 @@ def _layer_v5(info, i: int, sd: dict, p: str) -> dict:
 
 def _layer_v6(info, i: int, sd: dict, p: str) -> dict:
     C, A, H, N = info.n_embd, info.n_att, info.n_head, info.head_size
-    d_mix, d_dec = _dim(sd, p + "att.time_maa_w2", 1), _dim(sd, p + "att.time_decay_w2", 0)
+    d_mix, d_dec = _dim(sd, p + "att.time_maa_w2", 1, "D_mix"), _dim(sd, p + "att.time_decay_w2", 0, "D_decay")
     s = {f"att.time_maa_{n}": Spec((C,)) for n in ("x", "w", "k", "v", "r", "g")}
     s.update({
-        "att.time_maa_w1": Spec((C, 5 * d_mix)), "att.time_maa_w2": Spec((5, d_mix, C)),
-        "att.time_decay": Spec((A,)), "att.time_decay_w1": Spec((C, d_dec)),
-        "att.time_decay_w2": Spec((d_dec, A)), "att.time_first": Spec((H, N), alias="att.time_faaaa"),
+        # The factor a width is read from comes first, so a bad one is reported as itself.
+        "att.time_maa_w2": Spec((5, d_mix, C)),
+        "att.time_maa_w1": Spec((C, _dim(sd, p + "att.time_maa_w2", 1, "D_mix", times=5))),
+        "att.time_decay": Spec((A,)), "att.time_decay_w2": Spec((d_dec, A)),
+        "att.time_decay_w1": Spec((C, d_dec)), "att.time_first": Spec((H, N), alias="att.time_faaaa"),
         "att.key.weight": Spec((A, C), MATRIX), "att.value.weight": Spec((A, C), MATRIX),
         "att.receptance.weight": Spec((A, C), MATRIX), "att.gate.weight": Spec((A, C), MATRIX),
         "att.output.weight": Spec((C, A), MATRIX), "att.ln_x.weight": Spec((A,)),
@@ -105,9 +108,9 @@ def _layer_v7(info, i: int, sd: dict, p: str) -> dict:
     C, F, H, N = info.n_embd, info.n_ffn, info.n_head, info.head_size
     s = {f"att.{n}": Spec((C,)) for n in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "a0", "k_k", "k_a")}
     for name in ("w", "a", "v", "g"):
-        width = _dim(sd, f"{p}att.{name}2", 0)
+        width = _dim(sd, f"{p}att.{name}2", 0, f"D_{name}")
+        s[f"att.{name}2"] = Spec((width, C))  # first: the width is read from it
         s[f"att.{name}1"] = Spec((C, width))
-        s[f"att.{name}2"] = Spec((width, C))
     s["att.v0"] = Spec((C,))
     if i == 0:  # layer 0 has no value residual: its v0/v1/v2 may be present (unused) or absent
         for name in ("v0", "v1", "v2"):
@@ -151,7 +154,7 @@ def _no_ones(shape) -> tuple:
 def _numel(shape) -> int:
     n = 1
     for s in shape:
-        n *= s
+        n *= s if isinstance(s, int) else -1
     return n
 
 
@@ -168,7 +171,7 @@ def _check_raw(path: str, key: str, t: torch.Tensor, spec: Spec) -> None:
     elif spec.kind == FLAT:
         if t.numel() != _numel(spec.shape):
             raise _shape_error(path, key, t, spec.shape, " (any layout of that many elements)")
-    elif _no_ones(t.shape) != _no_ones(spec.shape) or -1 in spec.shape:
+    elif _no_ones(t.shape) != _no_ones(spec.shape) or any(isinstance(d, str) for d in spec.shape):
         raise _shape_error(path, key, t, spec.shape)
 
 
@@ -214,16 +217,18 @@ def check_keys_and_shapes(sd: dict, info, path: str, ignore=()) -> None:
     if info.converted:
         specs = dict(f for k, s in specs.items() if (f := _converted_form(k, s, info)) is not None)
     seen, sides = set(ignore), set()
-    for key, spec in specs.items():
+    names = {}
+    for key, spec in specs.items():  # every missing key first, then shapes
         name = key
         if key not in sd and spec.alias is not None:
             name = key[: key.index("att.")] + spec.alias
-        if name not in sd:
-            if spec.optional:
-                continue
+        if name in sd:
+            names[key] = name
+        elif not spec.optional:
             raise CheckpointError(f"RWKV: {path!r} is missing the key {key!r} (expected shape "
                                   f"{list(spec.shape)}); is this an RWKV-{info.version} checkpoint?")
-        t = sd[name]
+    for key, name in names.items():
+        spec, t = specs[key], sd[name]
         seen.add(name)
         if info.converted:
             _check_converted(path, name, t, spec, sd, sides)
