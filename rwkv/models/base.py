@@ -131,7 +131,7 @@ class Runtime:
         for idx, (t, (shape, dtype, dev, what)) in enumerate(zip(state, specs)):
             # The fast test first: this runs on every forward call.
             if type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape and (
-                    t.device == dev or _on_device(t, dev)) and t.is_contiguous():
+                    t.device == dev or _on_device(t, dev)) and t.layout == torch.strided and t.is_contiguous():
                 continue
             where = f"state[{idx}] (layer {idx // self.per_layer} {what})"
             if not isinstance(t, torch.Tensor):
