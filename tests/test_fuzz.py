@@ -125,7 +125,8 @@ def _flip(data: bytes, bits, from_end: bool) -> bytes:
     return bytes(b)
 
 
-def _mutated_pth(raw: bytes, sd: dict, m) -> bytes | dict:
+def _mutated_bytes(raw: bytes, m) -> bytes | None:
+    """The file's bytes changed as a byte-level mutation says; None for other mutations."""
     kind = m[0]
     if kind == "truncate":
         return raw[: int(m[1] * len(raw))]
@@ -135,6 +136,14 @@ def _mutated_pth(raw: bytes, sd: dict, m) -> bytes | dict:
         return raw + m[1]
     if kind in ("flip_head", "flip_tail"):
         return _flip(raw, m[1], kind == "flip_tail")
+    return None
+
+
+def _mutated_pth(raw: bytes, sd: dict, m) -> bytes | dict:
+    data = _mutated_bytes(raw, m)
+    if data is not None:
+        return data
+    kind = m[0]
     sd = dict(sd)
     keys = list(sd)
     if kind == "delete":
@@ -161,15 +170,10 @@ def _mutated_pth(raw: bytes, sd: dict, m) -> bytes | dict:
 
 
 def _mutated_safetensors(raw: bytes, m) -> bytes:
+    data = _mutated_bytes(raw, m)
+    if data is not None:
+        return data
     kind = m[0]
-    if kind == "truncate":
-        return raw[: int(m[1] * len(raw))]
-    if kind == "cut_tail":
-        return raw[: -m[1]]
-    if kind == "append":
-        return raw + m[1]
-    if kind == "flip_head":
-        return _flip(raw, m[1], False)
     if kind == "length":
         return m[1].to_bytes(8, "little") + raw[8:]
     n = int.from_bytes(raw[:8], "little")
