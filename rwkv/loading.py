@@ -9,6 +9,7 @@ per-layer weights a strategy asks for.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import zipfile
@@ -287,16 +288,18 @@ def _validate_shapes(sd: dict, info: ModelInfo, path: str) -> None:
     check_keys_and_shapes(sd, info, path, ignore=CONVERTED_META_KEYS)
 
 
-def check_finite(sd: dict, path: str, chunk: int = 1 << 24) -> None:
+def check_finite(sd: dict, path: str) -> None:
     """Every floating-point tensor holds only finite values (a NaN or inf weight makes every logit
-    NaN). Checked in chunks of ``chunk`` elements so the temporary mask stays small."""
+    NaN). ``torch.aminmax`` reads each tensor once without a temporary (NaN propagates into it, an
+    infinity is its min or max): several GB/s, where ``isfinite(t).all()`` manages a few hundred
+    MB/s. The position is looked for only when a tensor fails."""
     for key, t in sd.items():
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        lo, hi = torch.aminmax(t)
+        if math.isfinite(float(lo)) and math.isfinite(float(hi)):
             continue
         flat = t.reshape(-1)
-        for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk]
-            if not bool(torch.isfinite(part).all()):
-                bad = start + int((~torch.isfinite(part)).nonzero()[0, 0])
-                raise CheckpointError(f"RWKV: {path!r}: {key} holds a non-finite value "
-                                      f"({float(flat[bad])} at flat index {bad}); the checkpoint is damaged")
+        bad = int((~torch.isfinite(flat)).nonzero()[0, 0])
+        raise CheckpointError(f"RWKV: {path!r}: {key} holds a non-finite value "
+                              f"({float(flat[bad])} at flat index {bad}); the checkpoint is damaged")
