@@ -120,6 +120,7 @@ def _layer_v7(info, i: int, sd: dict, p: str) -> dict:
         "att.receptance.weight": Spec((C, C), MATRIX), "att.key.weight": Spec((C, C), MATRIX),
         "att.value.weight": Spec((C, C), MATRIX), "att.output.weight": Spec((C, C), MATRIX),
         "att.ln_x.weight": Spec((C,)), "att.ln_x.bias": Spec((C,)),
+        "att.time_state": Spec((H, N, N), optional=True),
         "ffn.x_k": Spec((C,)), "ffn.key.weight": Spec((F, C), MATRIX), "ffn.value.weight": Spec((C, F), MATRIX),
     })
     return s
