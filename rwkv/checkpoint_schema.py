@@ -41,6 +41,7 @@ class Spec:
     kind: str = OTHER
     optional: bool = False
     alias: str | None = None  # another name the same tensor is stored under (e.g. time_faaaa)
+    raw_only: bool = False  # used up by the conversion: absent from converted files
 
 
 def _dim(sd: dict, key: str, axis: int, name: str, times: int = 1):
@@ -114,7 +115,7 @@ def _layer_v7(info, i: int, sd: dict, p: str) -> dict:
     s["att.v0"] = Spec((C,))
     if i == 0:  # layer 0 has no value residual: its v0/v1/v2 may be present (unused) or absent
         for name in ("v0", "v1", "v2"):
-            s[f"att.{name}"] = Spec(s[f"att.{name}"].shape, optional=True)
+            s[f"att.{name}"] = Spec(s[f"att.{name}"].shape, optional=True, raw_only=True)
     s.update({
         "att.r_k": Spec((H, N)),
         "att.receptance.weight": Spec((C, C), MATRIX), "att.key.weight": Spec((C, C), MATRIX),
@@ -131,9 +132,9 @@ def layer_specs(info, i: int, sd: dict) -> dict:
     table = {4: _layer_v4, 6: _layer_v6, 7: _layer_v7}.get(info.version, _layer_v5)
     s = {"ln1.weight": Spec((info.n_embd,)), "ln1.bias": Spec((info.n_embd,)),
          "ln2.weight": Spec((info.n_embd,)), "ln2.bias": Spec((info.n_embd,))}
-    if i == 0:
-        s["ln0.weight"] = Spec((info.n_embd,))
-        s["ln0.bias"] = Spec((info.n_embd,))
+    if i == 0:  # folded into emb.weight by the conversion
+        s["ln0.weight"] = Spec((info.n_embd,), raw_only=True)
+        s["ln0.bias"] = Spec((info.n_embd,), raw_only=True)
     s.update(table(info, i, sd, f"blocks.{i}."))
     return s
 
@@ -199,11 +200,9 @@ def _check_converted(path: str, key: str, t: torch.Tensor, spec: Spec, sd: dict,
         sides.add(side)
 
 
-def _converted_form(key: str, spec: Spec, info) -> tuple[str, Spec] | None:
+def _converted_form(key: str, spec: Spec) -> tuple[str, Spec] | None:
     """The key and spec a raw tensor has in a converted file (None: the conversion drops it)."""
-    if ".ln0." in key:
-        return None
-    if info.version == 7 and key.startswith("blocks.0.att.v") and spec.optional:
+    if spec.raw_only:
         return None
     if key.endswith((".time_decay", ".time_first")):
         return key, Spec(spec.shape, FLAT, spec.optional, spec.alias)  # reshaped per head
@@ -216,7 +215,7 @@ def check_keys_and_shapes(sd: dict, info, path: str, ignore=()) -> None:
     ``ignore``: non-tensor metadata keys. Raises ``CheckpointError`` naming the first problem."""
     specs = model_specs(info, sd)
     if info.converted:
-        specs = dict(f for k, s in specs.items() if (f := _converted_form(k, s, info)) is not None)
+        specs = dict(f for k, s in specs.items() if (f := _converted_form(k, s)) is not None)
     seen, sides = set(ignore), set()
     names = {}
     for key, spec in specs.items():  # every missing key first, then shapes
