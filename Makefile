@@ -20,7 +20,10 @@ test: setup upstream
 # Dependencies: pinned torch (a CPU build from local disk; any other spec downloads gigabytes).
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja hypothesis
+	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja nbclient nbformat ipykernel \
+		hypothesis
+	$(PIP) install "fastapi>=0.110" "uvicorn>=0.29" "sse-starlette>=2.0" "prometheus-client>=0.20" \
+		"openai>=1.30" "httpx>=0.27" "ray[serve]>=2.40"
 	touch $@
 
 # Editable install of the package itself (registers the source tree; the extension is built below).

@@ -1,6 +1,7 @@
 """Build script for the rwkv package and its ahead-of-time compiled extension ``rwkv._C``.
 
-Build knobs (environment variables), all read here and nowhere else:
+Build knobs (environment variables), all read here and nowhere else (listed with their meaning in
+rwkv/settings.py, BUILD_SETTINGS, and the README's build settings table):
 
   RWKV_BUILD_EXT=0          pure-Python install: no extension, every op uses its torch reference.
   RWKV_BUILD_CUDA=auto|0|1  compile csrc/cuda/*.cu into rwkv._C. ``auto`` (default) builds CUDA when

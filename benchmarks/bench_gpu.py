@@ -218,7 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", default="cuda fp16,cuda fp16i8")
     p.add_argument("--decode", type=int, default=64)
     p.add_argument("--prefill", type=int, default=512)
-    p.add_argument("--upstream", default=os.environ.get("RWKV_UPSTREAM_DIR", "/tmp/upstream"))
+    p.add_argument("--upstream", default="/tmp/upstream",
+                   help="folder holding upstream's rwkv package (default /tmp/upstream)")
     p.add_argument("--no-upstream", action="store_true")
     p.add_argument("--upstream-timeout-s", type=int, default=240)
     p.add_argument("--json", default=None, help="also append the JSON lines to this file")

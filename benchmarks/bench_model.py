@@ -43,7 +43,6 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import targets  # noqa: E402
 from benchmarks._timing import time_models  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 from tests.fixtures.make_tiny_models import make_checkpoint, released_v7_lora, save_checkpoint  # noqa: E402
@@ -123,8 +122,8 @@ def memory_bandwidth(threads: int) -> dict:
 class AdjacentBandwidth:
     """The read bandwidth right next to one row's timing: best of 3 ``torch.sum`` over 1 GiB of fp32
     in huge pages (kept allocated for the whole run). The machine is shared and its bandwidth
-    drifts (33-62 GB/s within one run was seen), so each row is also held to what the machine gave
-    at that moment."""
+    can drift by half within one run, so each row is also held to what the machine gave at that
+    moment."""
 
     def __init__(self):
         from rwkv import hugepages
@@ -142,9 +141,9 @@ class AdjacentBandwidth:
 
 class CpuSpeed:
     """The CPU's speed right before each row's decoding turns: the best of 3 runs of a fixed pure
-    Python loop (~2 ms), in loop iterations per microsecond. The machine's cores are shared, and
-    their speed for work that is not memory-bound moved by up to 1.6x within seconds on the
-    development machine (benchmarks/RESULTS.md) while a plain read's bandwidth held. Decoding is
+    Python loop (~2 ms), in loop iterations per microsecond. On a machine whose cores are shared,
+    their speed for work that is not memory-bound can move by half within seconds while a plain
+    read's bandwidth holds. Decoding is
     not purely memory-bound: int8 and bf16 rows spend a larger share of their time computing and
     between the ops, so each row is also held to the CPU's speed at its moments, against the best
     reading of the run."""
@@ -193,8 +192,8 @@ def weight_bytes_per_token(model) -> int:
 def huge_page_pct(model) -> float | None:
     """The share of the memory mappings holding the model's CPU weights that is backed by
     transparent huge pages (AnonHugePages / Rss in /proc/self/smaps), in %; None where that file
-    is unreadable. A row whose weights fell back to 4 KiB pages streams ~14% slower
-    (benchmarks/RESULTS.md), so this tells that cause apart from others."""
+    is unreadable. A row whose weights fell back to 4 KiB pages streams slower, so this tells that
+    cause apart from others."""
     ptrs = sorted({t.data_ptr() for k, t in model.w.items()  # (not the embedding: one row is read)
                    if k != "emb.weight" and isinstance(t, torch.Tensor) and t.device.type == "cpu"
                    and t.numel() > 0})
@@ -390,9 +389,6 @@ def main(argv=None) -> int:
           "the models): " + "; ".join(f"{k[:-5]} " + " / ".join("n/a" if b[k] is None else f"{b[k]:.1f}"
                                                                  for b in (bws, bws_after))
                                       for k in bws if k != "GBps"))
-    if any(r["size"] == "1.5b" for r in rows):
-        print("\nIssue 3's targets (benchmarks/targets.py), this run's 1.5b rows:\n")
-        print(targets.report(targets.check(rows)))
     return 0
 
 

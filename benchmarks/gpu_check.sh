@@ -1,28 +1,48 @@
 #!/usr/bin/env bash
 # One-shot GPU check: build rwkv._C with CUDA in place, run the CUDA op tests and the model-level
 # CUDA tests, benchmark ours vs upstream, and write logs plus summary.md into OUTDIR (flat, at most
-# 8 files). Made for a GPU machine with a CUDA torch, nvcc and pytest and NO network; run from the
+# 8 files). Made for a GPU machine with a CUDA torch, nvcc and pytest and no network; run from the
 # repository root of a copy of the working tree:
 #
-#     benchmarks/gpu_check.sh OUTDIR
+#     benchmarks/gpu_check.sh [options] OUTDIR
 #
-# Budget: RWKV_GPU_CHECK_BUDGET_S (default 450 s) for everything; every step has its own timeout,
-# capped by what is left, so one hang cannot eat the rest. Upstream 0.8.32 comes from .gpu_carry/
-# (a wheel, installed with pip --no-deps --no-index into /tmp/upstream, or an unpacked folder
-# holding rwkv/model.py). The local .venv (CPU-only torch) is never used: the first python on
-# PATH outside .venv whose torch is a CUDA build is, or RWKV_GPU_PYTHON. Without a GPU (e.g. a
-# dry run on a CPU machine) the build, tests and benchmark are skipped with the reason, and the
-# summary is still written. RWKV_GPU_BENCH_SIZES (e.g. "7b,0.4b") picks the benchmark's sizes, in
-# that order; RWKV_GPU_TEST_JOBS the pytest-xdist workers (8); RWKV_GPU_BENCH_RESERVE_S the seconds
-# of the budget kept back from the benchmark (90); RWKV_GPU_PROFILE_SIZE (e.g. 0.4b) adds a
-# benchmarks/profile_gpu.py run at the end, into bench.log. See docs/cuda.md.
+#   --budget S          seconds for everything (default 450); every step has its own timeout,
+#                       capped by what is left, so one hang cannot eat the rest
+#   --sizes LIST        the benchmark's model sizes, in that order (e.g. 7b,0.4b; default: all)
+#   --test-jobs N       pytest-xdist workers, where pytest-xdist is installed (default 8)
+#   --bench-reserve S   seconds of the budget kept back from the benchmark (default 90)
+#   --profile-size SIZE also run benchmarks/profile_gpu.py for SIZE (e.g. 0.4b), into bench.log
+#   --python PATH       the Python with a CUDA torch to use (default: the first python3 or
+#                       python on PATH outside .venv whose torch is a CUDA build)
+#
+# Upstream 0.8.32 comes from .gpu_carry/ (a wheel, installed with pip --no-deps --no-index into
+# /tmp/upstream, or an unpacked folder holding rwkv/model.py). The local .venv (CPU-only torch) is
+# never used. Without a GPU (e.g. a dry run on a CPU machine) the build, tests and benchmark are
+# skipped with the reason, and the summary is still written. See docs/cuda.md.
 set -u
-OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
+usage() { sed -n '7,16p' "$0" | sed 's/^# \{0,1\}//'; }
+BUDGET=450 BENCH_SIZES="" TEST_JOBS=8 BENCH_RESERVE=90 PROFILE_SIZE="" PY=""
+while (($#)); do
+  case $1 in
+    --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+    --sizes) BENCH_SIZES=${2:?--sizes needs a list}; shift 2 ;;
+    --test-jobs) TEST_JOBS=${2:?--test-jobs needs a number}; shift 2 ;;
+    --bench-reserve) BENCH_RESERVE=${2:?--bench-reserve needs seconds}; shift 2 ;;
+    --profile-size) PROFILE_SIZE=${2:?--profile-size needs a size}; shift 2 ;;
+    --python) PY=${2:?--python needs a path}; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+for n in "$BUDGET" "$TEST_JOBS" "$BENCH_RESERVE"; do
+  [[ $n =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: expected a whole number, got '$n'" >&2; exit 2; }
+done
+OUT=${1:?usage: benchmarks/gpu_check.sh [options] OUTDIR (--help lists the options)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-BUDGET=${RWKV_GPU_CHECK_BUDGET_S:-450}
 START=$(date +%s)
 SUMMARY="$OUT/summary.md"
 STEPS=()  # "name|status|seconds|log"
@@ -68,7 +88,6 @@ ENV_LOG="$OUT/env.log"
   (nvcc --version 2>&1 | tail -2) || echo "nvcc: not found"
 } >"$ENV_LOG" 2>&1
 
-PY=${RWKV_GPU_PYTHON:-}
 if [[ -z $PY ]]; then
   for cand in $(type -ap python3 python 2>/dev/null); do
     case $(readlink -f "$cand") in "$REPO"/.venv/*) continue ;; esac
@@ -130,7 +149,7 @@ if ((GPU)); then
     # tests, the cuda-marked model tests. All of them (no -x: one run shows every failure), in
     # parallel when pytest-xdist is there, each test capped by pytest-timeout when it is there.
     PYTEST_ARGS=(-q -p no:cacheprovider -rfE)
-    "$PY" -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n "${RWKV_GPU_TEST_JOBS:-8}")
+    "$PY" -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n "$TEST_JOBS")
     "$PY" -c "import pytest_timeout" 2>/dev/null && PYTEST_ARGS+=(--timeout 120)
     run_step "pytest tests/cuda + op cuda variants" 150 test_ops.log \
       "$PY" -m pytest tests/cuda tests/ops -k cuda "${PYTEST_ARGS[@]}"
@@ -148,19 +167,23 @@ if ((GPU)); then
   UPARGS=(--no-upstream)
   [[ -n $UP ]] && UPARGS=(--upstream "$UP")
   [[ -z $UP ]] && echo "upstream: no wheel or folder in .gpu_carry/; ours only" >>"$OUT/bench.log"
-  BENCH_BUDGET=$(($(left) - ${RWKV_GPU_BENCH_RESERVE_S:-90}))
+  BENCH_BUDGET=$(($(left) - BENCH_RESERVE))
   ((BENCH_BUDGET < 30)) && BENCH_BUDGET=30
   run_step "bench_gpu.py" 400 bench.log "$PY" benchmarks/bench_gpu.py "${UPARGS[@]}" \
     --json "$OUT/bench.jsonl" --markdown "$OUT/bench.md" --budget-s "$BENCH_BUDGET" \
-    ${RWKV_GPU_BENCH_SIZES:+--sizes "$RWKV_GPU_BENCH_SIZES"}
+    ${BENCH_SIZES:+--sizes "$BENCH_SIZES"}
+  # Batched decode (the BatchDecoder's steps against single-sequence calls), with what is left.
+  run_step "bench_batch.py (cuda)" 120 batch.log "$PY" benchmarks/bench_batch.py --sizes 1.5b \
+    --versions 7 --strategies "cuda fp16,cuda fp16i8" --batches 1,8,64,256 --steps 3
   # Optional: where a decode token's time goes (kernels and host time per token), appended to
   # bench.log, with what is left of the budget.
-  if [[ -n ${RWKV_GPU_PROFILE_SIZE:-} ]]; then
-    run_step "profile_gpu.py --size $RWKV_GPU_PROFILE_SIZE" 150 bench.log "$PY" \
-      benchmarks/profile_gpu.py --size "$RWKV_GPU_PROFILE_SIZE" "${UPARGS[@]}"
+  if [[ -n $PROFILE_SIZE ]]; then
+    run_step "profile_gpu.py --size $PROFILE_SIZE" 150 bench.log "$PY" \
+      benchmarks/profile_gpu.py --size "$PROFILE_SIZE" "${UPARGS[@]}"
   fi
 else
-  for s in build "pytest tests/cuda + op cuda variants" "pytest model-level cuda tests" bench_gpu.py; do
+  for s in build "pytest tests/cuda + op cuda variants" "pytest model-level cuda tests" bench_gpu.py \
+      "bench_batch.py (cuda)"; do
     skip_step "$s" "no GPU: $WHY"
   done
 fi

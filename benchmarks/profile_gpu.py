@@ -91,7 +91,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="0.4b")
     p.add_argument("--version", default="7")
     p.add_argument("--strategies", default="cuda fp16,cuda fp16i8")
-    p.add_argument("--upstream", default=os.environ.get("RWKV_UPSTREAM_DIR", "/tmp/upstream"))
+    p.add_argument("--upstream", default="/tmp/upstream",
+                   help="folder holding upstream's rwkv package (default /tmp/upstream)")
     p.add_argument("--no-upstream", action="store_true")
     p.add_argument("--python-profile", action="store_true")
     p.add_argument("--rows", type=int, default=12)

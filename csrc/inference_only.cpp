@@ -1,9 +1,9 @@
 // The Autograd kernel of every rwkv tensor op (rwkv/ops/_schemas.py OPS): these ops have no
 // backward. Without a kernel of our own for the Autograd key, torch's fallback for ops without
-// one ran on every call: it reads requires_grad of every tensor argument (a product's weights and
-// side tensors included), even under torch.no_grad(). While decoding, those tensors' metadata has
-// just been evicted from the caches by the weights streamed in between, and that cost ~0.3-0.45
-// ms per 1.5b token (benchmarks/RESULTS.md, thirtieth session).
+// one would run on every call: it reads requires_grad of every tensor argument (a product's
+// weights and side tensors included), even under torch.no_grad(). While decoding, those tensors'
+// metadata has just been evicted from the caches by the weights streamed in between, so each read
+// is a cache miss.
 //
 // This kernel checks nothing while grad mode is off (the model always runs under no_grad), and
 // with grad mode on refuses an argument that requires grad with a ValueError that says what to

@@ -1,18 +1,20 @@
-"""Upstream's environment variables, read when ``RWKV(...)`` is built (never at import).
+"""The settings ``RWKV(...)`` reads from the environment when it is built (never at import).
 
 Our kernels are compiled ahead of time and the version is detected from the checkpoint, so
 ``RWKV_JIT_ON``, ``RWKV_CUDA_ON`` and ``RWKV_V7_ON`` change nothing (old scripts set them and must
-keep working). ``RWKV_RESCALE_LAYER`` keeps its upstream meaning. ``RWKV_KERNELS`` forces a kernel
-path (auto, compiled, reference); the ``kernels=`` keyword wins over it.
+keep working); nor does ``RWKV_DE_VERSION``: DeepEmbed checkpoints are detected from their keys
+(rwkv/deep_embed.py). ``RWKV_RESCALE_LAYER`` keeps its upstream meaning. ``RWKV_KERNELS`` forces
+a kernel path (auto, compiled, reference); the ``kernels=`` keyword wins over it. Every variable
+is registered and parsed in ``rwkv.settings``.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from dataclasses import dataclass
 
-KERNEL_MODES = ("auto", "compiled", "reference")
+from . import settings
+
+KERNEL_MODES = settings.setting("RWKV_KERNELS").choices
 
 
 @dataclass(frozen=True)
@@ -26,23 +28,13 @@ class CompatEnv:
 
 
 def read_env() -> CompatEnv:
-    rescale = os.environ.get("RWKV_RESCALE_LAYER")
-    try:
-        rescale_val = int(rescale) if rescale is not None else None
-    except ValueError:  # upstream silently falls back to the default for unparsable values
-        warnings.warn(f"RWKV_RESCALE_LAYER={rescale!r} is not an integer; using the default",
-                      RuntimeWarning, stacklevel=3)
-        rescale_val = None
-    kernels = os.environ.get("RWKV_KERNELS", "auto").strip().lower() or "auto"
-    if kernels not in KERNEL_MODES:
-        warnings.warn(f"RWKV_KERNELS={kernels!r} is not one of {', '.join(KERNEL_MODES)}; using 'auto'",
-                      RuntimeWarning, stacklevel=3)
-        kernels = "auto"
-    return CompatEnv(jit_on=os.environ.get("RWKV_JIT_ON") != "0",
-                     cuda_on=os.environ.get("RWKV_CUDA_ON") == "1",
-                     v7_on=os.environ.get("RWKV_V7_ON") == "1",
-                     rescale_layer=rescale_val, kernels=kernels,
-                     exact_int8=os.environ.get("RWKV_EXACT_INT8") == "1")
+    """The environment's settings now (unparsable values warn and give the defaults)."""
+    return CompatEnv(jit_on=settings.raw("RWKV_JIT_ON") != "0",
+                     cuda_on=settings.raw("RWKV_CUDA_ON") == "1",
+                     v7_on=settings.raw("RWKV_V7_ON") == "1",
+                     rescale_layer=settings.value("RWKV_RESCALE_LAYER"),
+                     kernels=settings.value("RWKV_KERNELS"),
+                     exact_int8=settings.value("RWKV_EXACT_INT8"))
 
 
 def resolve_rescale(env: CompatEnv, strategy_string: str, version: float, override: int | None) -> int:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import deep_embed
+
 # Matrices stored (out, in) in raw files and (in, out) in converted ones; int8 in converted files.
 MATRIX = "matrix"
 # Everything else is compared modulo size-1 dimensions (vectors, decays, LoRA factors, r_k).
@@ -124,6 +126,9 @@ def _layer_v7(info, i: int, sd: dict, p: str) -> dict:
         "att.time_state": Spec((H, N, N), optional=True),
         "ffn.x_k": Spec((C,)), "ffn.key.weight": Spec((F, C), MATRIX), "ffn.value.weight": Spec((C, F), MATRIX),
     })
+    if info.deep_embed:  # the projection is merged into the table by the conversion
+        for suffix, shape in deep_embed.expected_shapes(C, F, info.vocab_size, converted=False).items():
+            s[suffix] = Spec(shape, raw_only=suffix == deep_embed.EMB_PROJECTION)
     return s
 
 

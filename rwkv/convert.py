@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import deep_embed
 from .loading import CONVERTED_META_KEYS, CheckpointError, ModelInfo
 from .quant import quantize_int8
 from .strategy import LayerPlacement
@@ -113,6 +114,15 @@ def convert_classic(sd: dict, info: ModelInfo, plan: list[LayerPlacement], resca
     return out
 
 
+def _merge_device(device: str) -> torch.device | None:
+    """Where a layer's DeepEmbed merge (a V x C x 1024 GEMM) runs: its CUDA device when this
+    machine has it, else None (the CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count():
+        return dev
+    return None
+
+
 def convert_v7(sd: dict, info: ModelInfo, plan: list[LayerPlacement]) -> dict:
     """Load-time transforms for v7 (reference-behaviour 4.8), per layer placement."""
     L = info.n_layer
@@ -121,6 +131,14 @@ def convert_v7(sd: dict, info: ModelInfo, plan: list[LayerPlacement]) -> dict:
     out["emb.weight"] = _fold_ln0(sd, plan[0].atype).contiguous()
     for key, t in sd.items():
         if key == "emb.weight" or key.startswith("blocks.0.ln0.") or key in CONVERTED_META_KEYS:
+            continue
+        if key.endswith(deep_embed.EMB_PROJECTION):
+            continue  # merged into the layer's table below, then unused
+        if key.endswith(deep_embed.TABLE):
+            i = slot_of(key, L)
+            proj = sd[f"blocks.{i}.{deep_embed.EMB_PROJECTION}"]
+            out[key] = deep_embed.merge_table(t, out["emb.weight"], proj, plan[i].atype,
+                                              _merge_device(plan[i].device))
             continue
         if key.startswith("blocks.0.att.v") and key[len("blocks.0.att.v"):] in ("0", "1", "2"):
             continue  # layer 0 has no value residual; upstream empties these

@@ -35,6 +35,10 @@ _ZERO_WEIGHT_TEXT = " \t0123456789"
 
 @dataclass
 class GenerationResult:
+    """What one generation produced (``GenerationStream.result``): the text and tokens, the state
+    and logits after the prompt and the tokens, why it stopped, and how many prompt tokens came
+    from the prefix cache and how many went through ``model.forward``."""
+
     text: str = ""
     tokens: List[int] = field(default_factory=list)  # generated tokens (the stop token excluded)
     state: Any = None            # after prompt + tokens when complete_state, else as upstream leaves it
@@ -49,8 +53,7 @@ def apply_penalties(logits, occurrence, args):
     """Upstream's ``logits[n] -= alpha_presence + occurrence[n] * alpha_frequency`` for every token
     n seen, in place. For fp32 or fp64 logits (the model's) one indexed update, each Python float
     rounded to the logits' dtype as that scalar subtraction rounds it, so each logit gets the same
-    value: ~3 tensor ops fewer per distinct token seen (~0.4 ms a token after a few hundred
-    tokens). Other dtypes: upstream's loop."""
+    value, with ~3 tensor ops fewer per distinct token seen. Other dtypes: upstream's loop."""
     if not occurrence:
         return
     values = [args.alpha_presence + occurrence[n] * args.alpha_frequency for n in occurrence]
@@ -98,7 +101,8 @@ class _StopMatcher:
 
 
 class GenerationStream:
-    """Iterator over generated text pieces; ``.result`` is set once it is exhausted."""
+    """Iterator over generated text pieces; ``.result`` (a ``GenerationResult``) is set once it is
+    exhausted. Made by ``PIPELINE.generate_stream``; ``run()`` consumes it and returns the result."""
 
     def __init__(self, pipeline, ctx, token_count, args, callback=None, state=None, *, stop=None,
                  generator=None, cache: Optional[PrefixCache] = None, complete_state=True):

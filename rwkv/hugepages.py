@@ -6,14 +6,12 @@ a TLB miss. Linux backs anonymous memory with 2 MiB pages only where a program a
 mode "madvise", the usual default), and torch's allocator asks only when ``THP_MEM_ALLOC_ENABLE=1``
 was set before it started. So after placement the model copies its CPU weights into one anonymous
 mapping advised ``MADV_HUGEPAGE``, tensor by tensor (peak memory: the model plus one tensor).
-Measured on the development machine (benchmarks/RESULTS.md): streaming 1.4 GB of int8 weights with
-``mm8_one_i16`` went from 21 to 24 GB/s, a plain read from 26 to 30 GB/s.
+Streaming the weights, and a plain read, then run faster (benchmarks/RESULTS.md has measurements).
 
 Where memory is fragmented (other programs, the page cache, models loaded before), some of those
 faults get 4 KiB pages anyway; the model then asks the kernel to collapse the mapping into huge
-pages (``MADV_COLLAPSE``, Linux 6.1+; best effort, skipped elsewhere). In the benchmark, which
-loads four models of a checkpoint at once, the int8 models had kept 88-97% of their weights in
-huge pages, and the rest read ~20% slower.
+pages (``MADV_COLLAPSE``, Linux 6.1+; best effort, skipped elsewhere), since the weights left in
+4 KiB pages read markedly slower (a process that loads several models at once fragments memory).
 
 ``RWKV_CPU_HUGEPAGES=0`` turns this off; it is skipped where the OS has no transparent huge pages.
 """
@@ -22,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import sys
 
 import torch
+
+from . import settings
 
 HUGE_PAGE = 2 << 20
 _MADV_COLLAPSE = 25  # linux/mman.h (Python's mmap module names it from 3.13 on)
@@ -35,7 +34,7 @@ _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 def available() -> bool:
     """Whether anonymous memory can be advised into transparent huge pages here (and it is wanted)."""
-    if os.environ.get("RWKV_CPU_HUGEPAGES", "1").strip() == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not settings.value("RWKV_CPU_HUGEPAGES") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
         with open(_THP_SETTING) as f:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import deep_embed
 from .checkpoint_schema import CheckpointError, check_keys_and_shapes
 from .files import read_bytes_to_memory, regular_file_size
 
@@ -41,6 +42,7 @@ class ModelInfo:
     converted: bool  # pre-converted by convert_and_save_and_exit (weights already transformed)
     has_time_state: bool
     real_time_first: bool  # the bonus is stored as time_faaaa (or already renamed in a converted file)
+    deep_embed: bool = False  # a DeepEmbed v7 checkpoint (rwkv/deep_embed.py)
 
     @property
     def version_label(self) -> str:
@@ -274,7 +276,11 @@ def inspect_checkpoint(sd: dict, path: str = "<checkpoint>") -> ModelInfo:
     info = ModelInfo(version=version, n_layer=n_layer, n_embd=C, n_att=n_att, n_ffn=n_ffn, vocab_size=vocab,
                      n_head=n_head, head_size=head_size, converted=converted,
                      has_time_state=any(k.endswith(".time_state") for k in sd),
-                     real_time_first=any(".time_faaaa" in k for k in sd) or (converted and version >= 5.2))
+                     real_time_first=any(".time_faaaa" in k for k in sd) or (converted and version >= 5.2),
+                     deep_embed=deep_embed.is_deep_embed(sd))
+    if info.deep_embed and version != 7:
+        raise CheckpointError(f"RWKV: {path!r} has DeepEmbed keys (ffn.s_emb.weight) but is a "
+                              f"v{version} checkpoint; DeepEmbed exists only for RWKV-7")
     _validate_shapes(sd, info, path)
     return info
 

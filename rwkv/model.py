@@ -15,7 +15,7 @@ import types
 import numpy as np
 import torch
 
-from . import hugepages, ops, slabs
+from . import deep_embed, hugepages, ops, slabs
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
@@ -27,6 +27,7 @@ from .models.common import _compiled
 from .models.cpu_graph import CPUGraphDecoder, want_graph
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
+from .upstream_v7 import WeightsView, one_step
 
 __all__ = ["RWKV", "convert_checkpoint", "StateError", "TokenError", "CheckpointError", "StrategyError",
            "DeviceUnavailableError"]
@@ -108,18 +109,24 @@ def release_freed_memory() -> None:
     trim(0)
 
 
-def _place(w: dict, plan, n_layer: int) -> None:
+def _place(w: dict, plan, n_layer: int, tables_on_device: bool = False) -> None:
     """Move weights to their layer's device. The embedding stays on CPU (rows are copied per call);
     CPU weights keep upstream's (in, out) column-major views; streamed matrices stay in CPU memory
     (pinned when CUDA is available) and are copied to the device for each call. Weights of CPU
     layers move into transparent huge pages (rwkv/hugepages.py): decode streams them faster. The
     small low-rank factors of v6/v7 (LORA_NAMES) are stored column-major on CPU, as the big
-    matrices are, so one-token products can use the matrix-vector kernel (same values; bf16:
-    2-2.5x torch's speed there; fp32 on the 1.5b v6: 11.5 vs 39 ms of products per 5 tokens, while
-    torch's 512-row prefill GEMMs run as fast either way, benchmarks/RESULTS.md). Big CPU matrices
+    matrices are, so one-token products can use the matrix-vector kernel (same values, several
+    times torch's speed on these narrow shapes, while torch's prefill GEMMs run as fast with
+    either layout). Big CPU matrices
     whose one-token activation would not stay in the L1 cache (int8 with more than 4096 rows,
     bf16/fp32 with more than 2048) are stored as row slabs (rwkv/slabs.py: faster decode), a
-    [slabs, rows, out] tensor in ``w``."""
+    [slabs, rows, out] tensor in ``w``.
+
+    DeepEmbed tables (``ffn.s_emb.weight``, V x 1024 per layer, most of a small model's bytes) of
+    layers on another device stay in CPU memory unless ``tables_on_device``: a token reads one row
+    of each, so gathering the rows on the CPU and copying them over (T x 2 KiB a layer in fp16)
+    costs far less than the device memory the tables would take. A CUDA graph cannot gather from
+    host memory, so ``cuda_graph=True`` puts them on the device (``tables_on_device``)."""
     pin = torch.cuda.is_available()
     on_cpu = []
     for key in list(w):
@@ -136,6 +143,8 @@ def _place(w: dict, plan, n_layer: int) -> None:
                 w[key] = slabs.for_decode(w[key])
             on_cpu.append(key)
             continue
+        if key.endswith(deep_embed.TABLE) and not tables_on_device:
+            continue  # stays in CPU memory (see above)
         if dd.stream and key.endswith(STREAM_NAMES):
             w[key] = _host_copy(t, pin)
         else:
@@ -182,6 +191,16 @@ class RWKV(torch.nn.Module):
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
                  kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
                  exact_int8: bool | None = None, cpu_graph: bool | None = None):
+        """Load a checkpoint and place its layers as ``strategy`` says.
+
+        model: checkpoint path (``.pth`` appended when missing, as upstream; ``.safetensors`` and
+        upstream's pre-converted files load too). strategy: e.g. ``"cpu fp32"``, ``"cuda fp16"``,
+        ``"cuda fp16i8 *20 -> cpu fp32"`` (README, "Strategies"). verbose: print the plan.
+        convert_and_save_and_exit: upstream's keyword (write a pre-converted file and exit the
+        process); ``convert_checkpoint`` does the same without exiting. The keyword-only options
+        are described on the class. Raises ``StrategyError`` for a bad strategy,
+        ``CheckpointError`` for an unusable file and ``DeviceUnavailableError`` for a device this
+        machine lacks (all ``ValueError``)."""
         super().__init__()
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
@@ -199,7 +218,7 @@ class RWKV(torch.nn.Module):
             print(f"Loading {path} ...")
             if info.converted:
                 print(f"Converted model: strategy {sd.get('_strategy')}, version {sd.get('_version')}\n")
-            print(f"Model detected: {info.version_label}")
+            print(f"Model detected: {info.version_label}" + (" DeepEmbed" if info.deep_embed else ""))
         w = _convert(sd, info, plan, rescale, strat.normalized, path)
         if convert_and_save_and_exit:
             out = os.fspath(convert_and_save_and_exit).strip()
@@ -208,7 +227,7 @@ class RWKV(torch.nn.Module):
             if verbose:
                 print(f"Saved converted model to {out}")
             sys.exit(0)  # upstream's behaviour; use rwkv.model.convert_checkpoint to keep running
-        _place(w, plan, info.n_layer)
+        _place(w, plan, info.n_layer, tables_on_device=cuda_graph)
         if mapped:
             # Nothing kept may view the file: rewriting it while the model lives must not fault.
             copy_out_of_mapping(w, sd)
@@ -267,6 +286,35 @@ class RWKV(torch.nn.Module):
             state[:] = new_state
             return logits, state
 
+    def forward_batch(self, tokens, states=None, full_output=False):
+        """``forward`` for B sequences at once: ``tokens`` a list of B token lists (ragged),
+        ``states`` None or a list of B states (an entry None: a fresh start). Returns ``(logits
+        [B, V] fp32, list of B new states)`` (with ``full_output``, logits is a list of [T_i, V]).
+        Equal to B separate ``forward`` calls; each weight is read once for all B last tokens; the
+        caller's states are never written. See ``rwkv.engine`` (also ``BatchDecoder``, slots for
+        servers)."""
+        from .engine import forward_batch
+
+        return forward_batch(self, tokens, states, full_output)
+
+    @property
+    def z(self) -> WeightsView:
+        """Upstream v7's weight dict ``model.z`` (``z['emb.weight']``: the LN0-folded embedding),
+        a read-only view of ``model.w`` (rwkv/upstream_v7.py says where the layouts differ)."""
+        return WeightsView(self.w)
+
+    def forward_one_alt(self, x: torch.Tensor, state: list, token=None):
+        """Upstream v7's one-step call for CUDA-graph decoding: x is the token's embedding row [C]
+        (``model.z['emb.weight'][token]``, any float dtype, on any device: it is moved to layer 0's
+        device and dtype), state a state list of this model (not written). Returns (logits [V] fp32,
+        a new state list), as ``forward([token], state)`` does. On a strategy with every layer and
+        the head on one CUDA device, a call can be captured in a ``torch.cuda.graph`` (upstream's
+        README). DeepEmbed models also need ``token``, the id x belongs to (an int; for graph
+        capture a one-element int64 tensor on the device, with the model built with
+        ``cuda_graph=True``, which keeps the DeepEmbed tables on the GPU); without it a ValueError
+        says so (upstream's DeepEmbed forward_one_alt fails with a NameError)."""
+        return one_step(self, x, state, token)
+
     def generate_zero_state(self) -> list:
         """A fresh initial state (including a state-tuned initial state, if one is loaded)."""
         return self._rt.zero_state()
@@ -300,8 +348,8 @@ class RWKV(torch.nn.Module):
     def _single_id(self, tokens):
         """The id of a decoding step's usual argument, one int or a list of one int, range-checked;
         None for anything else (then _token_ids). No tensor is made for it: while decoding, a
-        tensor of one id and the embedding row indexed by it cost ~170 us of a 1.5b token (their
-        code and data evicted by the weights streamed in between), the row as a view ~30 us."""
+        tensor of one id and the embedding row indexed by it cost several times more than the row
+        as a view (their code and data evicted by the weights streamed in between)."""
         if type(tokens) is list and len(tokens) == 1:
             tokens = tokens[0]
         if type(tokens) is not int:  # (bool, numpy ints and the rest: _token_ids)
@@ -384,4 +432,7 @@ class RWKV(torch.nn.Module):
             int8 = f"  int8 decode={op}" if op else ""
             print(f"  {span:<22} {dd.device} {dd.dtype}{' i8' if dd.quant else ''}"
                   f"{' stream' if dd.stream else ''}  {wkv}={impl}{int8}")
+        if self.info.deep_embed:
+            where = sorted({str(self.w[f"blocks.{i}.{deep_embed.TABLE}"].device) for i in range(L)})
+            print(f"  DeepEmbed token tables in {', '.join(where)} memory (one row per token gathered)")
         print(f"  CPU ISA: {ops.cpu_isa()}")

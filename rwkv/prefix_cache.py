@@ -16,6 +16,9 @@ __all__ = ["PrefixCache", "CacheHit", "clone_state", "state_nbytes"]
 
 
 class CacheHit(NamedTuple):
+    """What ``PrefixCache.lookup`` found: the state (and logits) after the first ``n_tokens``
+    tokens of the prompt, as private copies the caller may modify."""
+
     n_tokens: int          # how many leading tokens the cached state covers
     state: Any             # a private deep copy of the state after those tokens
     logits: Any            # a private copy of the logits after the last of them (or None)
@@ -50,7 +53,23 @@ def state_nbytes(obj):
 
 
 class PrefixCache:
-    """LRU cache of model states keyed by token-id prefixes."""
+    """Model states keyed by the token ids that produced them, to skip recomputing a prompt's
+    processed prefix (a chat's earlier turns, a retry, a shared system prompt).
+
+    ``put(tokens, state, logits)`` stores a snapshot; ``lookup(tokens)`` returns the longest stored
+    prefix of ``tokens`` as a ``CacheHit`` (or None). Least recently used entries go first when
+    there are more than ``max_entries`` or their tensors exceed ``max_bytes``; an entry larger than
+    the whole budget is not stored. States are copied in and out, so neither the caller nor a later
+    in-place ``forward`` can change a stored state. Thread-safe; ``hits`` and ``misses`` count
+    lookups. ``PIPELINE.generate(..., cache=cache)`` uses it for the prompt and stores the state
+    after the prompt and after the reply.
+
+    >>> cache = PrefixCache(max_entries=8, max_bytes=1 << 30)
+    >>> logits, state = model.forward(tokens, None)                     # doctest: +SKIP
+    >>> cache.put(tokens, state, logits)                                # doctest: +SKIP
+    >>> hit = cache.lookup(tokens + more)                                # doctest: +SKIP
+    >>> logits, state = model.forward(more, hit.state)                   # doctest: +SKIP
+    """
 
     def __init__(self, max_entries: int = 16, max_bytes: int = 2 << 30):
         if int(max_entries) < 1:
@@ -70,9 +89,11 @@ class PrefixCache:
 
     @property
     def nbytes(self):
+        """Bytes held by the stored states and logits."""
         return self._nbytes
 
     def clear(self):
+        """Forget every entry (the hit and miss counts are kept)."""
         with self._lock:
             self._entries.clear()
             self._nbytes = 0

@@ -152,6 +152,7 @@ class TRIE_TOKENIZER:
     # -- the Python trie (upstream attribute); built on first use when the extension encodes ----------
     @property
     def root(self):
+        """The Python byte trie (upstream's ``TRIE``), built on first access."""
         if self._root is None:
             root = TRIE()
             for token, idx in self.token2idx.items():
@@ -183,6 +184,7 @@ class TRIE_TOKENIZER:
 
     # -- the upstream API -------------------------------------------------------------------------------
     def encodeBytes(self, src: bytes):
+        """UTF-8 bytes -> token ids (greedy longest match)."""
         if isinstance(src, memoryview):
             # Its bytes, whatever its item format or shape (as bytes(src) and the C++ path read it),
             # not its items: an int32 view's items are not bytes.
@@ -192,6 +194,7 @@ class TRIE_TOKENIZER:
         return self._encode_bytes_py(src)
 
     def decodeBytes(self, tokens):
+        """Token ids -> bytes; ``KeyError`` for an unknown id, as upstream."""
         if isinstance(tokens, memoryview):
             if tokens.ndim != 1:
                 raise TypeError(f"decodeBytes: a memoryview of ids must be 1-D, got {tokens.ndim}-D")
@@ -205,9 +208,12 @@ class TRIE_TOKENIZER:
         return self._decode_bytes_py(tokens)
 
     def encode(self, src):
+        """Text -> token ids."""
         return self.encodeBytes(src.encode("utf-8"))
 
     def decode(self, tokens):
+        """Token ids -> text; a single U+FFFD for unknown ids or invalid UTF-8, as upstream
+        (``decode_strict`` raises instead)."""
         try:
             return self.decodeBytes(tokens).decode("utf-8")
         except Exception:  # upstream compatibility: any failure (unknown id, bad UTF-8) -> one U+FFFD
@@ -230,6 +236,7 @@ class TRIE_TOKENIZER:
                              f"of {len(data)}") from None
 
     def printTokens(self, tokens):
+        """Print each token's text (or bytes) with its id, as upstream."""
         parts = []
         for i in tokens:
             s = self.idx2token[i]

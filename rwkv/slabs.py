@@ -4,10 +4,9 @@ A one-token product reads each column of W [N, M] (N contiguous elements: the mo
 (in, out) matrices column-major) against all N values of the activation. The kernels keep that
 activation in the 32 KiB L1 cache beside the streaming weights only while it is small: int16 for
 int8 weights (``mm8_one_i16``), fp32 for bf16/fp32 weights (``linear_one``). Past about 8 KiB it
-gets evicted and the products slow down; on the Zen 4 development machine, one thread, int8
-2048x8192 streams 24 GB/s, 8192x2048 11-21 and 16384x1024 9-11; bf16 1024x16384 26, 2048x8192 20,
-4096x4096 12 (benchmarks/RESULTS.md). Reading the columns in other orders (pairs, row blocks of
-several columns) is slower still there: the hardware prefetcher follows one sequential stream best.
+gets evicted and the products slow down, to half the rate of short columns or less. Reading the
+columns in other orders (pairs, row blocks of several columns) does not recover it on CPUs whose
+hardware prefetcher follows one sequential stream best.
 
 So a CPU matrix whose activation would exceed SLAB_BYTES is stored as row slabs, one after another:
 a [S, K, M] tensor (strides (K*M, 1, K)) whose slab i is the column-major [K, M] matrix

@@ -37,6 +37,19 @@ TIKTOKEN_NAME = "cl100k_base"
 
 
 class PIPELINE_ARGS:
+    """Sampling and penalty settings for ``PIPELINE.generate`` (upstream's class, same defaults).
+
+    temperature: 0 is greedy; top_p: keep the smallest set of most likely tokens whose probability
+    reaches top_p; top_k: also keep at most this many (0: off); alpha_frequency, alpha_presence:
+    penalties subtracted from the logits of tokens already generated (per occurrence, and once);
+    alpha_decay: multiplies every penalty count once per step; token_ban: ids never sampled;
+    token_stop: ids that end generation (not emitted); chunk_len: the prompt is fed in chunks of
+    this many tokens.
+
+    >>> PIPELINE_ARGS(temperature=0.8, top_p=0.7, token_ban=[0])
+    PIPELINE_ARGS(temperature=0.8, top_p=0.7, top_k=0, alpha_frequency=0.2, alpha_presence=0.2, alpha_decay=0.996, token_ban=[0], token_stop=[], chunk_len=256)
+    """
+
     # The list defaults are shared between instances, exactly as upstream's are.
     def __init__(self, temperature=1.0, top_p=0.85, top_k=0, alpha_frequency=0.2, alpha_presence=0.2,
                  alpha_decay=0.996, token_ban=[], token_stop=[], chunk_len=256):  # noqa: B006
@@ -82,11 +95,24 @@ def _load_tokenizer(word_name):
 
 
 class PIPELINE:
+    """A model with its tokenizer: encode, decode, sample and generate (upstream's class).
+
+    ``PIPELINE(model, WORD_NAME)``: model is an ``RWKV`` (or anything with upstream's ``forward``);
+    WORD_NAME is ``"rwkv_vocab_v20230424"`` (the World vocabulary), ``"cl100k_base"`` (tiktoken), a
+    World-format ``.txt`` vocabulary or a HuggingFace ``tokenizers`` JSON file (e.g. the
+    ``tokenizer.json`` beside the shipped model). Unknown names raise ``FileNotFoundError`` listing
+    what is accepted.
+
+    >>> pipeline = PIPELINE(model, "models/rwkv7-tiny/tokenizer.json")       # doctest: +SKIP
+    >>> pipeline.generate("Once upon a time", token_count=20)                 # doctest: +SKIP
+    """
+
     def __init__(self, model, WORD_NAME):
         self.model = model
         self.tokenizer = _load_tokenizer(WORD_NAME)
 
     def refine_context(self, context):
+        """Upstream's prompt cleanup: strip each line, drop empty lines, start with a newline."""
         lines = (line.strip().strip("\u3000").strip("\r") for line in context.strip().split("\n"))
         context = "\n" + "\n".join(line for line in lines if line != "").strip()
         return context
@@ -95,6 +121,7 @@ class PIPELINE:
         return "Tokenizer" in str(type(self.tokenizer))  # upstream's dispatch rule
 
     def encode(self, x):
+        """Text -> list of token ids."""
         if not isinstance(x, str):
             raise TypeError(f"PIPELINE.encode: expected a str, got {type(x).__name__}")
         if self._is_hf():
@@ -129,6 +156,7 @@ class PIPELINE:
         return [operator.index(i) for i in x]
 
     def vocab_size_of_tokenizer(self):
+        """How many ids the tokenizer can produce (its largest id + 1)."""
         tok = self.tokenizer
         if hasattr(tok, "idx2token"):
             return max(tok.idx2token) + 1
@@ -147,13 +175,25 @@ class PIPELINE:
         return int(size) if size is not None else None
 
     def sample_logits(self, logits, temperature=1.0, top_p=0.85, top_k=0, *, generator=None):
+        """One token id drawn from ``logits`` (1-D, the model's vocabulary size) by upstream's rule,
+        so the same ``np.random.seed`` draws the same token. ``generator``: an int seed, a numpy
+        ``RandomState``/``Generator`` or a ``torch.Generator`` instead of the global RNG. Raises
+        ``ValueError`` for logits of the wrong shape, with NaN, or leaving nothing to sample."""
         return _sample_logits(logits, temperature, top_p, top_k, generator=generator,
                               vocab_size=self.model_vocab_size())
 
     def generate(self, ctx, token_count=100, args=PIPELINE_ARGS(), callback=None, state=None, *,  # noqa: B008
                  stop=None, generator=None, cache=None, return_state=False):
-        """Upstream's generate (returns the text). ``return_state=True`` returns ``(text, state)``,
-        where the state covers the prompt and every generated token."""
+        """Continue ``ctx`` (text, or a list of token ids) by up to ``token_count`` tokens and return
+        the text, as upstream does: ``args`` (``PIPELINE_ARGS``) sets sampling, penalties, bans and
+        stop tokens; ``callback(piece)`` receives each piece of text as it is released; ``state``
+        continues from a state instead of from scratch.
+
+        Keyword-only additions: ``stop=["\\n\\n", ...]`` stop strings (never emitted);
+        ``generator=`` a seed or RNG (see ``sample_logits``); ``cache=PrefixCache()`` reuses the
+        state of the longest cached prefix of the prompt and stores the new ones;
+        ``return_state=True`` returns ``(text, state)``, where the state covers the prompt and
+        every generated token. A prompt that encodes to no tokens raises ``ValueError``."""
         args = args if args is not None else PIPELINE_ARGS()
         stream = GenerationStream(self, ctx, token_count, args, callback, state, stop=stop,
                                   generator=generator, cache=cache, complete_state=return_state)
@@ -162,7 +202,14 @@ class PIPELINE:
 
     def generate_stream(self, ctx, token_count=100, args=None, callback=None, state=None, *, stop=None,
                         generator=None, cache=None):
-        """Iterator over text pieces as they become valid UTF-8; ``.result`` afterwards holds a
-        ``GenerationResult`` (text, tokens, state after prompt + tokens, logits, stop reason)."""
+        """``generate`` as an iterator of text pieces, each yielded as soon as it is valid UTF-8
+        (and cannot be the start of a stop string). Once exhausted, ``.result`` is a
+        ``GenerationResult``: text, tokens, the state and logits after the prompt and the tokens,
+        the stop reason, and the prompt's token counts (cached and fed).
+
+        >>> stream = pipeline.generate_stream("Hello", token_count=20, generator=0)  # doctest: +SKIP
+        >>> text = "".join(stream); stream.result.stop_reason                       # doctest: +SKIP
+        'length'
+        """
         return GenerationStream(self, ctx, token_count, args if args is not None else PIPELINE_ARGS(),
                                 callback, state, stop=stop, generator=generator, cache=cache)

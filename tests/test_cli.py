@@ -1,5 +1,6 @@
-"""Programs: the chat session logic (fake model: only new tokens are fed on later turns and on retry)
-and ``python -m rwkv chat|generate`` end to end with a real tiny model and piped stdin."""
+"""Programs: the chat session logic (fake model: only new tokens are fed on later turns and on retry),
+``python -m rwkv chat|generate|convert`` end to end with real tiny models and piped stdin, the
+tokenizer chosen beside a checkpoint and the check that it fits the model."""
 
 import os
 import re
@@ -8,10 +9,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from _fake_model import FakeModel
+
+from rwkv.cli import COMMANDS
 from rwkv.cli.chat import ChatSession
-from rwkv.cli.common import CliError
+from rwkv.cli.common import SHIPPED_MODEL, WORLD, CliError, vocab_for
 from rwkv.utils import PIPELINE, PIPELINE_ARGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,3 +116,64 @@ def test_programs_report_errors_without_traceback(tiny, tmp_path):
     assert out.returncode == 2 and "Accepted:" in out.stderr and "Traceback" not in out.stderr
     out = _run([])
     assert out.returncode == 2 and re.search(r"chat|generate", out.stdout)
+
+
+# ------------------------------------------------------------ the shipped model and its tokenizer
+needs_shipped = pytest.mark.skipif(not SHIPPED_MODEL.with_suffix(".pth").exists(),
+                                   reason="the shipped model is not in this checkout")
+
+
+@needs_shipped
+def test_chat_with_the_shipped_model_uses_the_tokenizer_beside_it():
+    # Its vocabulary has 2048 entries: the World vocabulary's ids would be out of range.
+    for args in (["--model", "models/rwkv7-tiny/rwkv7-tiny"], []):  # explicit, and the default
+        out = _run(["chat", *args, "--max-tokens", "8", "--seed", "0", "--stats"], "Hello there\n/quit\n")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("Assistant:") == 1 and "error" not in out.stdout
+        assert "[stats] prompt=" in out.stderr
+
+
+@needs_shipped
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused_at_start():
+    out = _run(["chat", "--vocab", WORLD], "never read\n")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: the tokenizer 'rwkv_vocab_v20230424' has 65530 tokens")
+    assert "vocabulary of 2048 (ids 0..2047)" in out.stderr and "Pass --vocab" in out.stderr
+    assert "Assistant:" not in out.stdout
+
+
+def test_the_tokenizer_beside_a_checkpoint_is_the_default(tmp_path):
+    ckpt = tmp_path / "m.pth"
+    assert vocab_for(ckpt) == WORLD  # nothing beside it
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert vocab_for(ckpt) == str(tmp_path / "tokenizer.json")
+    assert vocab_for(tmp_path / "m") == str(tmp_path / "tokenizer.json")  # .pth left out, as RWKV takes it
+    assert vocab_for(ckpt, "cl100k_base") == "cl100k_base"  # an explicit --vocab wins
+
+
+def test_convert_writes_a_file_the_model_loads_and_returns(tiny, tmp_path):
+    import torch
+
+    from rwkv.__main__ import main
+    from rwkv.model import RWKV
+    out = tmp_path / "tiny-i8"
+    # In process: main returns its status (no SystemExit), as upstream's convert_and_save_and_exit does not.
+    assert main(["convert", "--model", tiny, "--strategy", "cpu fp32i8", "--output", str(out)]) == 0
+    assert (tmp_path / "tiny-i8.pth").exists()
+    direct = RWKV(tiny, "cpu fp32i8", verbose=False)
+    converted = RWKV(str(out), "cpu fp32i8", verbose=False)
+    a, _ = direct.forward([1, 2, 3], None)
+    b, _ = converted.forward([1, 2, 3], None)
+    assert torch.equal(a, b)
+    assert main(["convert", "--model", str(tmp_path / "missing"), "--strategy", "cpu fp32", "-o",
+                 str(tmp_path / "x")]) == 2
+    assert main(["convert", "--model", tiny]) == 2  # no --output: argparse's error, reported, not raised
+
+
+def test_every_listed_command_has_a_program():
+    from rwkv.__main__ import build_parser
+    parser = build_parser()
+    required = {"convert": ["--model", "m", "-o", "o"], "generate": ["--prompt", "p"]}
+    for name in COMMANDS:
+        ns = parser.parse_args([name] + required.get(name, []))
+        assert callable(ns.run), name

@@ -140,8 +140,8 @@ def _patched(m, change):
     """m's runtime with ``change(x)`` applied to the embedding rows before the layers."""
     run = m._rt.run
 
-    def patched(x, state, full_output):
-        return run(change(x), state, full_output)
+    def patched(x, state, full_output, tokens=None):
+        return run(change(x), state, full_output, tokens)
 
     m._rt.run = patched
 

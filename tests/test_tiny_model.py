@@ -1,4 +1,4 @@
-"""The small trained RWKV-7 model shipped in models/rwkv7-tiny/ (issue 6).
+"""The small trained RWKV-7 model shipped in models/rwkv7-tiny/.
 
 Fast checks: the checkpoint file and its v7 key set, the tokenizer, the held-out split, the training
 code's hand-written recurrence backward, and -- the point of shipping a trained model -- that our

@@ -232,8 +232,8 @@ def upstream_strategies(model_path, strategies, *, env=None, timeout=600) -> lis
     """
     pairs = [x if isinstance(x, tuple) else (model_path, x) for x in strategies]
     items = [(str(_resolve_model(m)), s) for m, s in pairs]
-    # One thread: upstream's int8 conversion runs many tiny ops that are ~7x slower with several
-    # threads on a busy 2-core machine; the allocation does not depend on it.
+    # One thread: upstream's int8 conversion runs many tiny ops that are much slower with several
+    # threads on a busy machine; the allocation does not depend on it.
     job = {
         "mode": "strategies",
         "model": items[0][0] if items else str(model_path),

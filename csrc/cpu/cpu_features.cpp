@@ -9,7 +9,6 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 namespace rwkv {
@@ -44,24 +43,9 @@ Isa detect() {
   return Isa::scalar;
 }
 
-// The automatic choice: the detected ISA capped by RWKV_CPU_ISA, read once when first needed.
-Isa automatic_isa() {
-  static const Isa isa = [] {
-    Isa chosen = detected_isa();
-    const char* env = std::getenv("RWKV_CPU_ISA");
-    if (env != nullptr && *env != '\0') {
-      Isa cap;
-      if (!parse_isa(env, &cap)) {
-        TORCH_WARN("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, got '",
-                   env, "'; ignoring it");
-      } else if (static_cast<int>(cap) < static_cast<int>(chosen)) {
-        chosen = cap;
-      }
-    }
-    return chosen;
-  }();
-  return isa;
-}
+// The automatic choice: the detected ISA. (The RWKV_CPU_ISA setting is applied from Python, as a
+// forced ISA, when rwkv.ops loads the extension: this file reads no environment.)
+Isa automatic_isa() { return detected_isa(); }
 
 // One kernel table per ISA, filled only for the ISAs this CPU and OS support: each fill function is
 // compiled with its ISA's flags, so even filling a wider ISA's table may execute its instructions
@@ -105,28 +89,25 @@ std::atomic<int> g_forced_order{kAutomatic};
 
 bool parse_order(const std::string& s, int* out) {
   if (s == "sequential") *out = kSequential;
-  else if (s == "streams" || s == "pairs") *out = kStreams;  // "pairs": the order's old name
+  else if (s == "streams" || s == "pairs") *out = kStreams;  // "pairs": another name of streams
   else return false;
   return true;
 }
 
 const char* order_name(int order) { return order == kSequential ? "sequential" : "streams"; }
 
+// The automatic read order, by CPU. (The RWKV_CPU_READ_ORDER setting is applied from Python, as a
+// forced order, when rwkv.ops loads the extension.)
 int automatic_order() {
   static const int order = [] {
     int chosen = kStreams;
 #if defined(RWKV_HAVE_X86_ISAS)
-    // Sequential only where it was measured faster: AMD Zen 4 (with AVX-512). On an AVX2-only
-    // Zen 3 EPYC the streams read faster in every strategy (1.5b v7 decode, paired in one process:
-    // fp32i8 49.6 -> 38.5 ms, bf16 138 -> 78, fp32 176 -> 146; docs/kernels.md).
+    // Sequential only where it reads faster: AMD Zen 4 (with AVX-512). AVX2-only AMD CPUs (Zen 3)
+    // read faster as streams in every strategy (docs/kernels.md).
     __builtin_cpu_init();
     const bool avx512 = static_cast<int>(detected_isa()) >= static_cast<int>(Isa::avx512);
     if (__builtin_cpu_is("amd") && avx512) chosen = kSequential;
 #endif
-    const char* env = std::getenv("RWKV_CPU_READ_ORDER");
-    if (env != nullptr && *env != '\0' && !parse_order(env, &chosen)) {
-      TORCH_WARN("RWKV_CPU_READ_ORDER must be sequential or streams, got '", env, "'; ignoring it");
-    }
     return chosen;
   }();
   return order;

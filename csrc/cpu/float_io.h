@@ -64,8 +64,7 @@ inline void check_into(const at::Tensor& into, at::IntArrayRef sizes, at::Scalar
 // Where an op computes a result that it returns in dtype dt. An fp32 result is the returned
 // tensor itself. A short result in another dtype (one token's) is computed in `room`, memory the
 // op took from a per-thread Scratch, and narrowed into the one new tensor: while decoding, an
-// fp32 tensor's allocation and release per call is a measurable cost (1.5b `cpu bf16i8`: 0.15-0.45
-// ms per token, benchmarks/RESULTS.md).
+// extra fp32 tensor's allocation and release per call is a measurable share of a token.
 class Fp32Result {
  public:
   Fp32Result() = default;

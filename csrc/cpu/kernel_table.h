@@ -88,6 +88,13 @@ struct KernelTable {
   // ISAs with bf16 dot products (avx512bf16); nullptr elsewhere.
   void (*linear_one_bf16x)(int64_t N, int64_t m0, int64_t m1, const uint16_t* x,
                            const uint16_t* w, float* y, bool sequential);
+  // linear_rows on output columns [m0, m1) of y [T, M]: y[t, m] (=, or += with accumulate)
+  // x[t] . w[:, m], column m (bf16 or fp32) at w + m*N, row t of x (fp32) at x + t*ldx
+  // (kernels/linear_rows.h).
+  void (*linear_rows_bf16)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
+                           int64_t ldx, const uint16_t* w, float* y, bool accumulate);
+  void (*linear_rows_f32)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
+                          int64_t ldx, const float* w, float* y, bool accumulate);
   // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);

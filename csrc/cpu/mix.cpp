@@ -73,8 +73,8 @@ at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt, const at::
 
 // ln_mix's computation. Its results: [xx, mixed [n, T, C]]; split (ln_mix_split): [xx, the new
 // shift state (xx's last row; sx's values when T is 0), the n mixes [T, C] as separate tensors].
-// While decoding, the selects and the unbind that split ln_mix's results cost ~5-20 us each
-// (torch's code and data flushed from the caches by the weights).
+// While decoding, selects and an unbind to split ln_mix's results would each be a dispatcher
+// round trip with torch's code and data flushed from the caches by the weights.
 // into (split only): ln_mix_split's results (into.h).
 std::vector<at::Tensor> run_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
                                    const at::Tensor& b, const at::Tensor& mix, bool lerp,
@@ -134,8 +134,8 @@ std::vector<at::Tensor> ln_mix_split(const at::Tensor& x, const at::Tensor& sx,
 void run_maa_mix(const MaaMixDims& d, const float* xp, const float* sxp, const float* zp,
                  const at::Tensor& w2, const at::Tensor& maa, float* const* outs) {
   const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
-  // tanh(z) once (T*n*D values), before the threads share it; split between them for sequences
-  // (82k values at 1.5B with 512 rows: ~1.5 ms on one thread).
+  // tanh(z) once (T*n*D values), before the threads share it; split between them for sequences,
+  // where it is tens of thousands of values.
   std::vector<float> zt(static_cast<size_t>(d.T * d.n * d.D));
   at::parallel_for(0, static_cast<int64_t>(zt.size()), 8192, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) zt[i] = std::tanh(zp[i]);
@@ -208,8 +208,8 @@ std::vector<at::Tensor> maa_mix_split(const at::Tensor& xx, const at::Tensor& sx
 // takes their tanh and sums their rows of w2 (one run of consecutive rows); the thread that
 // completes a mix's second half finishes that mix. One call and one region where linear_one and
 // maa_mix_split made two calls and three regions; a static split, since each thread's range is
-// then one run of w1 and one of w2 (against half-mixes taken one at a time by for_blocks: 1.5b
-// RWKV-6 `cpu fp32i8` -0.27 ms per token; docs/kernels.md). The op itself: maa_lora_one below.
+// then one run of w1 and one of w2 (half-mixes taken one at a time by for_blocks would scatter
+// each thread's reads; docs/kernels.md). The op itself: maa_lora_one below.
 std::vector<at::Tensor> maa_lora_one_into(const at::Tensor& xx, const at::Tensor& sx,
                                           const at::Tensor& xw, const at::Tensor& w1,
                                           const at::Tensor& w2, const at::Tensor& maa,
@@ -268,6 +268,103 @@ std::vector<at::Tensor> maa_lora_one_into(const at::Tensor& xx, const at::Tensor
   return res;
 }
 
+namespace {
+
+// The batched ops' x and sx: both [B, C] in one activation dtype (row b's previous row is sx[b]).
+std::pair<int64_t, int64_t> check_rows_shift(const char* op, const char* name, const at::Tensor& x,
+                                             const at::Tensor& sx) {
+  check_activation_dtype(op, name, x);
+  TORCH_CHECK(x.dim() == 2, op, ": ", name, " must have shape [B, C], got ", x.sizes());
+  TORCH_CHECK(sx.scalar_type() == x.scalar_type(), op, ": sx must be ", dtype_name(x.scalar_type()),
+              " (", name, "'s dtype), got ", dtype_name(sx.scalar_type()));
+  TORCH_CHECK(sx.sizes() == x.sizes(), op, ": sx must have shape [B, C] = ", x.sizes(), " (", name,
+              "'s), got ", sx.sizes());
+  return {x.size(0), x.size(1)};
+}
+
+// n result pointers moved on to row b of [B, C] results.
+c10::SmallVector<float*, 6> row_ptrs(const MixResults& out, int64_t n, int64_t b, int64_t C) {
+  c10::SmallVector<float*, 6> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(out.ptrs()[i] + b * C);
+  return p;
+}
+
+// ln_mix_rows: ln_mix of B one-token rows, row b's previous row being sx[b]: the layer norm of
+// every row, then each row's mixes as one token's (the same kernels, so row b's values are the
+// bits ln_mix_split gives for x[b] and sx[b] alone). Returns [xx (the new shift states),
+// mixed_0, ..., mixed_{n-1}], each [B, C].
+std::vector<at::Tensor> ln_mix_rows(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
+                                    const at::Tensor& b, const at::Tensor& mix, bool lerp, double eps) {
+  constexpr const char* op = "ln_mix_rows";
+  check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
+  const auto [B, C] = check_rows_shift(op, "x", x, sx);
+  check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
+  RWKV_CHECK_DTYPE(op, mix, at::kFloat);
+  RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
+  const int64_t n = mix.size(0);
+  RWKV_CHECK_SHAPE(op, mix, "[n, C]", n, C);
+  Fp32Inputs in32(B, x.numel() + sx.numel());
+  const float *xp = in32(x), *sxp = in32(sx);
+  const at::Tensor wc = w.contiguous(), bc = b.contiguous(), mc = mix.contiguous();
+  const at::ScalarType dt = x.scalar_type();
+  const Fp32Result xx({B, C}, dt, nullptr);
+  const MixResults out(n, B, C, dt, nullptr, true);
+  const KernelTable& kt = kernels();
+  float* xxp = xx.data();
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C));
+  at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+    kt.layer_norm(C, b0, b1, xp, wc.data_ptr<float>(), bc.data_ptr<float>(), static_cast<float>(eps), xxp);
+    for (int64_t r = b0; r < b1; ++r) {
+      const auto outs = row_ptrs(out, n, r, C);
+      kt.shift_mix(1, C, n, 0, 1, xxp + r * C, sxp + r * C, mc.data_ptr<float>(), lerp, outs.data());
+    }
+  });
+  std::vector<at::Tensor> res;
+  res.reserve(static_cast<size_t>(n + 1));
+  res.push_back(xx.take());
+  out.take_into(res);
+  return res;
+}
+
+// maa_mix_rows: maa_mix of B one-token rows, row b's previous row being sx[b] (z [B, n*D]): each
+// row as one token of the sequence kernel, on blocks of 64 channels. Returns the n mixes [B, C].
+std::vector<at::Tensor> maa_mix_rows(const at::Tensor& xx, const at::Tensor& sx, const at::Tensor& z,
+                                     const at::Tensor& w2, const at::Tensor& maa) {
+  constexpr const char* op = "maa_mix_rows";
+  check_same_device(op, {{"xx", &xx}, {"sx", &sx}, {"z", &z}, {"w2", &w2}, {"maa", &maa}});
+  const auto [B, C] = check_rows_shift(op, "xx", xx, sx);
+  const auto [n, D] = check_maa_w2(op, w2, C);
+  check_rows(op, "[B, n*D]", {{"z", &z}}, B, n * D, xx.scalar_type(), " (xx's dtype)");
+  check_rows(op, "[n, C]", {{"maa", &maa}}, n, C);
+  Fp32Inputs in32(B, xx.numel() + sx.numel() + z.numel());
+  const float *xp = in32(xx), *sxp = in32(sx), *zp = in32(z);
+  const at::Tensor wc = w2.contiguous(), mc = maa.contiguous();
+  const bool bf16_w2 = wc.scalar_type() == at::kBFloat16;
+  std::vector<float> zt(static_cast<size_t>(B * n * D));
+  for (size_t i = 0; i < zt.size(); ++i) zt[i] = std::tanh(zp[i]);
+  const MixResults out(n, B, C, xx.scalar_type(), nullptr, true);
+  const KernelTable& kt = kernels();
+  for_blocks(C, 64, B * n * D, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < B; ++r) {
+      const auto outs = row_ptrs(out, n, r, C);
+      const float* zr = zt.data() + r * n * D;
+      if (bf16_w2) {
+        kt.maa_mix_bf16(1, C, n, D, c0, c1, xp + r * C, sxp + r * C, zr,
+                        reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>()), mc.data_ptr<float>(),
+                        outs.data());
+      } else {
+        kt.maa_mix_f32(1, C, n, D, c0, c1, xp + r * C, sxp + r * C, zr, wc.data_ptr<float>(),
+                       mc.data_ptr<float>(), outs.data());
+      }
+    }
+  });
+  std::vector<at::Tensor> res;
+  out.take_into(res);
+  return res;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> ln_mix_split_into(const at::Tensor& x, const at::Tensor& sx,
                                           const at::Tensor& w, const at::Tensor& b,
                                           const at::Tensor& mix, bool lerp, double eps,
@@ -293,4 +390,6 @@ TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("ln_mix_split", &rwkv::cpu::ln_mix_split);
   m.impl("maa_mix_split", &rwkv::cpu::maa_mix_split);
   m.impl("maa_lora_one", &rwkv::cpu::maa_lora_one);
+  m.impl("ln_mix_rows", &rwkv::cpu::ln_mix_rows);
+  m.impl("maa_mix_rows", &rwkv::cpu::maa_mix_rows);
 }

@@ -39,17 +39,14 @@ namespace {
 
 // From this many rows on, mm8_seq converts column tiles of q and lets a GEMM (tile_product) do
 // the products: the conversion is paid once per tile instead of once per row group, and the GEMM
-// runs at several times the multiply-add rate of the row-group loop of kernels/mm8.h. Measured on
-// an AVX-512 Xeon (N = M = 2048, one thread, MKL): fp32 x: loop 2.96 ms vs tiles 3.22 ms at
-// T = 24, 4.13 ms vs 3.70 ms at T = 32. With oneDNN tiles on the AMD Zen 4 (two threads) the
-// crossover moved to 16-24 rows (T = 24: 2048x2048 1.86 vs 1.70 ms, 2048x8192 9.1 vs 7.5,
-// 8192x2048 7.9 vs 7.8; T = 16: the loop as fast or faster); the threshold was left at 32.
+// runs at several times the multiply-add rate of the row-group loop of kernels/mm8.h. The loop
+// and the tiles cross over between 16 and 32 rows depending on the CPU and the GEMM library;
+// below 32 rows the loop is never much slower, so the threshold sits at the top of that range.
 constexpr int64_t kTiledMinRows = 32;
 // bf16 x uses bf16 tiles where the CPU multiplies bf16 natively (the avx512bf16 ISA active), since
-// torch's bf16 GEMM is several times faster than its fp32 one there (same machine: loop 0.97 ms vs
-// tiles 1.3 ms at T = 8, 1.7-1.9 ms vs 1.0-1.2 ms at T = 16). Elsewhere fp32 tiles, as for fp32 x:
-// without native bf16, oneDNN's bf16 GEMM is the slow one (AVX2 Zen 3 EPYC, 1.5b `cpu bf16i8`
-// prefill: 8 tokens/s against 36 for `cpu fp32`).
+// torch's bf16 GEMM is several times faster than its fp32 one there, so the tiles pay off from
+// fewer rows. Elsewhere fp32 tiles, as for fp32 x: without native bf16, oneDNN's bf16 GEMM is
+// several times slower than its fp32 one.
 constexpr int64_t kBf16TiledMinRows = 16;
 
 bool bf16_tiles_for(const at::Tensor& x) {
@@ -58,7 +55,7 @@ bool bf16_tiles_for(const at::Tensor& x) {
 
 // a [T, N] @ tile.t() for a tile [mt, N]: torch's oneDNN linear (mkldnn::_linear_pointwise, the
 // tile being its weight layout) for fp32 when this torch has it: at::mm sends fp32 to MKL's sgemm,
-// 1.3-2.5x slower on AMD Zen 4 (rwkv/models/common.py, onednn_linear). bf16 at::mm is oneDNN's.
+// markedly slower on AMD CPUs (rwkv/models/common.py, onednn_linear). bf16 at::mm is oneDNN's.
 at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
   static const std::optional<c10::OperatorHandle> linear =
       c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
@@ -76,13 +73,11 @@ at::Tensor tile_product(const at::Tensor& a, const at::Tensor& tile) {
 
 // y[T, M] = rx*(xs @ q + sums[:, 0]) + sums[:, 1] + mx*sums[:, 2], q column-major [N, M] uint8,
 // converted one tile at a time (2 Mi elements: 8 MiB fp32 or 4 MiB bf16; never the whole matrix).
-// Wide tiles keep the GEMM efficient: T = 512, fp32, N x M = 2048x2048 / 2048x8192 / 8192x2048,
-// two threads, with MKL's sgemm (before tile_product): 64 Ki-element tiles 25.9 / 102 / 104 ms,
-// 1 Mi 17.4 / 69 / 70 ms, 2 Mi 14.9 / 59 / 64 ms, torch's own x @ W on a prebuilt fp32 matrix
-// 13.8 / 53 / 52 ms; bf16 tiles 512 Ki 7.6 / 27 / 32 ms, 2 Mi 6.5 / 22 / 26 ms. fp32 tiles give
-// fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring keeps the bf16-rounded products
-// small next to the offsets they are later added to) times xs rounded to bf16; the missing
-// 128*sum(xs) goes into the row term, taken from the fp32 xs.
+// Wide tiles keep the GEMM efficient: each tile is one GEMM call, and narrow tiles spend a large
+// share of it in set-up and packing (2 Mi-element tiles come close to a product over a prebuilt
+// fp32 matrix). fp32 tiles give fp32 products. bf16 tiles hold q - 128 (exact in bf16; centring
+// keeps the bf16-rounded products small next to the offsets they are later added to) times xs
+// rounded to bf16; the missing 128*sum(xs) goes into the row term, taken from the fp32 xs.
 void mm8_tiled(const at::Tensor& xs, const at::Tensor& q, const at::Tensor& sums,
                const at::Tensor& rx, const at::Tensor& mx, bool bf16, at::Tensor& y) {
   const int64_t N = q.size(0), M = q.size(1);

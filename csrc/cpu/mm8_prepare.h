@@ -30,7 +30,7 @@ inline at::Tensor as_column_major(const at::Tensor& w) {
 
 // t itself when fp32 and contiguous, else an fp32 contiguous copy (bf16: cpu/float_io.h's
 // widened(), a plain loop for the few thousand values of one token, where ATen's conversion
-// costs more in dispatch and set-up than the copy: 0.4-0.8 ms per 1.5b bf16i8 token).
+// costs more in dispatch and set-up than the copy).
 at::Tensor fp32(const at::Tensor& t);
 
 // Prepares arguments that passed check_mm8 (which gave d). Sequences (seq) keep xs and the sums

@@ -23,10 +23,10 @@ namespace cpu {
 // in order (a thread reads one run of consecutive memory across the members, what the hardware
 // prefetchers stream best); a task whose share is done then takes chunks from the backs of the
 // others' shares. The threads thus finish together even when one ran slower (it started later,
-// or its core read less): with a static split the faster one waited ~1-2% of every product
-// (0.85-1.6 ms per 1.5b token on the development machine). An earlier scheme left the last 1/8
-// of the work to small shared chunks taken in turn; those alternate between the threads, and a
-// thread reading every other 32 KiB streamed at ~15 GB/s instead of ~30 (docs/kernels.md).
+// or its core read less): with a static split the faster one would wait ~1-2% of every product.
+// Small shared chunks taken in turn would alternate between the threads instead, and a thread
+// reading every other 32 KiB streams at about half the rate of one reading a single run
+// (docs/kernels.md).
 // (Small arrays, not heap vectors, for up to 8 tasks: while decoding this runs for every product.)
 
 // n default-constructed T (atomics, ChunkRange: neither copyable nor movable), in place for up

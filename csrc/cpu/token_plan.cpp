@@ -2,7 +2,7 @@
 // (rwkv/models/cpu_graph.py) as a list of op calls, run without TorchScript's interpreter.
 //
 // Why: while decoding a 1.5b model on CPU, the interpreter and the dispatcher between the ops
-// cost ~1 ms a token (benchmarks/RESULTS.md, thirtieth session): every call builds its list
+// cost a noticeable share of a token: every call builds its list
 // arguments anew (a product group's weights and their side tensors, 20-30 tensors), boxes them
 // into IValues, passes our Autograd kernel and unboxes them again, each step touching memory
 // that the weights streamed in between have evicted from the caches. A plan builds each call's
@@ -422,9 +422,9 @@ at::Tensor widened_bf16(const at::Tensor& t) {
 // The two aten steps a one-token graph ends with, run without the dispatcher where they can be:
 // the head's result [1, V] taken as [V] (aten::select.int) and, for bf16 activations, the logits
 // widened to fp32 (aten::to.dtype), with the same values. They run right after the head has
-// streamed the largest weight, which flushes the dispatcher's code and tables from the caches:
-// through it they took ~55 and ~65 us of a 1.5b token (benchmarks/RESULTS.md, thirty-fifth
-// session). Other arguments, and other ops, take `boxed`; nullptr: not one of these ops.
+// streamed the largest weight, which flushes the dispatcher's code and tables from the caches,
+// so a trip through it is slow there. Other arguments, and other ops, take `boxed`; nullptr: not
+// one of these ops.
 Call aten_call(const Step& s, const Call& boxed) {
   const auto tags = [&](std::initializer_list<int64_t> want) {
     if (s.args.size() != want.size()) return false;
@@ -684,8 +684,8 @@ class OneTokenPlan : public torch::CustomClassHolder {
   }
 
   // run() on x = emb[token:token + 1] (emb [V, C] on the CPU), the row taken here as an alias
-  // (aten's narrow, called from Python after the last token's head had flushed the dispatcher
-  // from the caches, took ~40 us a token).
+  // (aten's narrow, called from Python after the last token's head has flushed the dispatcher
+  // from the caches, would be a slow dispatcher trip).
   std::vector<at::Tensor> run_row(at::Tensor emb, int64_t token,
                                   std::vector<at::Tensor> state) const {
     TORCH_CHECK_VALUE(emb.dim() == 2 && emb.device().is_cpu(),

@@ -36,9 +36,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // Grid (chunks, rows): block (j, t) writes channels [j*span, (j+1)*span) of row t (a grid-stride
 // loop over rows); each thread owns channels c = c0 + tid + q*blockDim. Every block computes its
 // row's statistics over all C channels itself, in the same order, so the chunking never changes a
-// result: one token's layer norm is spread over C/blockDim blocks instead of one (at C = 4096 one
-// block took 32 us). prev[t] is sx for t = 0, else the previous row's layer norm in fp32
-// (recomputed here: the CPU kernel uses the same fp32 values).
+// result: one token's layer norm is spread over C/blockDim blocks instead of one (one block would
+// serialise a 7B token's whole layer norm on one SM). prev[t] is sx for t = 0, else the previous
+// row's layer norm in fp32 (recomputed here: the CPU kernel uses the same fp32 values).
 
 template <typename A>
 __device__ void row_stats(const A* __restrict__ xt, int64_t C, float eps, float* scratch,

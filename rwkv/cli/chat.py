@@ -13,7 +13,15 @@ so piped stdin works (one message per line).
 import sys
 
 from ..generation import PrefixCache
-from .common import CliError, add_model_options, add_sampling_options, load_pipeline, pipeline_args, write
+from .common import (
+    CliError,
+    add_model_options,
+    add_sampling_options,
+    add_vocab_option,
+    load_pipeline,
+    pipeline_args,
+    write,
+)
 
 RETRY = ("+retry", "+regenerate", "+")
 QUIT = ("/quit", "/exit")
@@ -34,6 +42,7 @@ class ChatSession:
         self.last_result = None
 
     def reset(self):
+        """Forget the conversation (back to the initial prompt, if any)."""
         self.history, self.last_prompt, self.last_result = list(self.init_tokens), None, None
 
     def send(self, message):
@@ -43,6 +52,7 @@ class ChatSession:
         return self._reply(prompt)
 
     def retry(self):
+        """A new reply to the last message (its prompt is fully cached); CliError before any."""
         if self.last_prompt is None:
             raise CliError("nothing to retry yet")
         return self._reply(self.last_prompt)
@@ -87,9 +97,11 @@ def _line_reader():
 
 
 def add_parser(sub):
+    """Adds the ``chat`` subcommand to ``sub`` (argparse subparsers)."""
     p = sub.add_parser("chat", help="interactive chat (streaming, prefix cache, +reset, +retry, /quit)",
                        description=__doc__.split("\n\n")[0])
     add_model_options(p)
+    add_vocab_option(p)
     add_sampling_options(p, temperature=1.0, top_p=0.3, presence=0.5, frequency=0.5)
     p.add_argument("--max-tokens", type=int, default=500, help="longest reply in tokens (default 500)")
     p.add_argument("--init", default="", help="text that starts the conversation (e.g. a system prompt)")
@@ -101,6 +113,7 @@ def add_parser(sub):
 
 
 def run(ns):
+    """Runs the chat loop on stdin and stdout; returns the exit status."""
     import numpy as np
     pipe = load_pipeline(ns)
     args = pipeline_args(ns, token_stop=[0])

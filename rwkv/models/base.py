@@ -97,6 +97,11 @@ class Runtime:
                 state.append(t)
         return state
 
+    def zero_batch(self, B: int) -> list:
+        """Fresh states of B sequences stacked: entry k is [B, *shape of entry k] (upstream's layout
+        with a leading row per sequence), every row equal to zero_state()'s entry k."""
+        return [t.unsqueeze(0).repeat((B,) + (1,) * t.dim()) for t in self.zero_state()]
+
     def _time_state_from_weights(self) -> list:
         """Upstream: ``time_state`` (rounded to atype at load), last two axes swapped for v5/v6."""
         out = []
@@ -158,12 +163,44 @@ class Runtime:
     def forward(self, tokens: torch.Tensor, state: list, full_output: bool):
         """tokens: [T] int64 on CPU, already validated. Returns (logits fp32, new state list).
         The input state's tensors are never written: the kernels update private copies."""
-        return self.run(self.emb[tokens], state, full_output)
+        return self.run(self.emb[tokens], state, full_output, tokens)
 
-    def run(self, x: torch.Tensor, state: list, full_output: bool):
-        """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). Captured
-        in a CUDA graph by models/cuda_graph.py: no host syncs or data-dependent branches here."""
+    def step_rows(self, tokens: torch.Tensor, state: list) -> torch.Tensor:
+        """One token of each of B sequences: tokens [B] int64 on CPU (validated), state the B
+        sequences' states stacked (zero_batch's layout, each entry contiguous), updated in place.
+        Each weight is read once for all B rows (the products take the B rows as one matrix); the
+        recurrences of the B rows run as one token with B times the heads. Returns logits [B, V]
+        fp32. Row b's results are those of ``forward`` on sequence b alone, up to the rounding of
+        products computed for several rows at once."""
         info, per = self.info, self.per_layer
+        x = self.emb[tokens]
+        v_first = None
+        for i in range(info.n_layer):
+            x = moved(x, self.plan[i].atype, self.devices[i])
+            s = state[i * per:(i + 1) * per]
+            att, ffn = self.att[i], self.ffn[i]
+            if info.version == 4:
+                x = ffn.rows(att.rows(x, *s[:4]), s[4])
+            else:
+                if info.version == 7:
+                    x, v_first = att.rows(x, s[0], s[1], v_first)
+                else:
+                    x = att.rows(x, s[0], s[1])
+                x = ffn.rows(x, s[2], tokens)
+            if self.rescale > 0 and (i + 1) % self.rescale == 0:
+                x = x / 2
+        x = moved(x, self.plan[info.n_layer].atype, self.devices[info.n_layer])
+        return self.head(self.head_norm(x), torch.float32)
+
+    def run(self, x: torch.Tensor, state: list, full_output: bool, tokens: torch.Tensor | None = None):
+        """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). tokens:
+        the ids of x's rows ([T] int64), which DeepEmbed channel mixes read (others ignore it).
+        Captured in a CUDA graph by models/cuda_graph.py: no host syncs or data-dependent branches
+        here."""
+        info, per = self.info, self.per_layer
+        if info.deep_embed and tokens is None:
+            raise ValueError("RWKV: this DeepEmbed model's channel mix reads each row's token id; "
+                             "pass the ids of x's rows (tokens=...)")
         new_state = list(state)
         v_first = None
         # Shift states are the last row of a [T, C] activation; for T > 1 keep a copy of the row, not
@@ -183,7 +220,7 @@ class Runtime:
                     x, sx, v_first, S = att(x, s[0], s[1], v_first)
                 else:
                     x, sx, S = att(x, s[0], s[1])
-                x, sf = ffn(x, s[2])
+                x, sf = ffn(x, s[2], tokens)
                 new_state[i * per:(i + 1) * per] = [own(sx), S, own(sf)]
             if self.rescale > 0 and (i + 1) % self.rescale == 0:
                 x = x / 2

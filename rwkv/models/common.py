@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._checks import ACTIVATIONS
-from ..ops.reference import activate, activate_, ln_mix_math, rows
+from ..ops.reference import activate, activate_, ln_mix_math, ln_mix_rows_math, rows
 from ..strategy import LayerPlacement
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
@@ -54,10 +54,9 @@ def _compiled(name: str, dispatch_key: str) -> bool:
 def onednn_linear():
     """torch's oneDNN linear, ``torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], None)``
     with w [M, N] (our column-major weights transposed: no copy), or None when this torch has no
-    oneDNN. For fp32 products of several rows on CPU it is 1.3-2.5x faster than ``x @ W``, which
-    torch sends to MKL's sgemm (AMD Zen 4, 2 threads, N x M = 2048 x 8192: T = 512 212 vs 155
-    GFLOP/s, T = 128 197 vs 107, T = 16 107 vs 42; benchmarks/bench_gemm.py, RESULTS.md). bf16
-    products already go to oneDNN through ``x @ W``."""
+    oneDNN. For fp32 products of several rows on CPU it is faster than ``x @ W``, which torch
+    sends to MKL's sgemm (markedly so on AMD CPUs and for few rows; ``benchmarks/bench_gemm.py``
+    compares them). bf16 products already go to oneDNN through ``x @ W``."""
     if not torch.backends.mkldnn.is_available():
         return None
     return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
@@ -73,11 +72,15 @@ def native_bf16_gemm() -> bool:
     return isa == "avx512bf16"
 
 
+#: The most rows a dense CPU product sends to linear_rows (more go to the GEMMs, which reach their
+#: multiply-add rate there; fewer read the weight more than once).
+ROWS_MAX = 64
+
 #: Elements of a bf16 weight widened to fp32 at a time by bf16_product_fp32 (8 MiB of fp32).
 BF16_TILE_ELEMENTS = 1 << 21
 #: From this many rows on, bf16 products on a CPU without native bf16 GEMM go through fp32 tiles:
-#: AVX2 Zen 3 EPYC, 2 threads, N x M = 2048x8192, oneDNN bf16 GEMM against fp32 tiles: T = 4 6.8 vs
-#: 8.4 ms, T = 8 13.1 vs 7.7, T = 32 51 vs 16, T = 512 825 vs 130 (2048x2048: T = 8 3.2 vs 2.7 ms).
+#: there oneDNN's bf16 GEMM falls behind widening tiles to fp32 from about 8 rows on, and by
+#: several times at prefill's hundreds of rows.
 BF16_VIA_FP32_MIN_ROWS = 8
 
 
@@ -86,8 +89,8 @@ def bf16_product_fp32(x: torch.Tensor, W: torch.Tensor, linear) -> torch.Tensor:
     fp32: tiles of W's columns widened to fp32 (exact), multiplied by the fp32 x with ``linear``
     (onednn_linear, or x @ tile.t() when it is None), each tile's fp32 result rounded to bf16 as
     torch's bf16 GEMM rounds its fp32 accumulators. The same products, summed in another order.
-    On an AVX2 Zen 3 EPYC oneDNN's bf16 GEMM ran 1.5b `cpu bf16` prefill at 8 tokens/s against
-    36 for `cpu fp32`."""
+    Used where the CPU has no native bf16 GEMM, on which oneDNN's bf16 GEMM is several times
+    slower than its fp32 one."""
     T, N = x.shape
     M = W.shape[1]
     x32 = x.float()
@@ -125,8 +128,7 @@ def fused_op(name: str, dd: LayerPlacement, mode: str, *weights: torch.Tensor):
 def state_buffer(block, dd: LayerPlacement):
     """What makes the new matrix state a compiled block op writes (``block``: its op, or None):
     on CPU the compiled ``pooled_empty_like`` (memory from the ops' block pool, which the previous
-    token's freed states go back to: 1.5b v6 ``cpu fp32i8`` -0.4 ms per token), elsewhere
-    ``torch.empty_like``."""
+    token's freed states go back to, still in the caches), elsewhere ``torch.empty_like``."""
     if block is not None and torch.device(dd.device).type == "cpu" and _compiled("pooled_empty_like", "CPU"):
         return ops.resolve("pooled_empty_like", "cpu", "compiled")
     return torch.empty_like
@@ -140,8 +142,8 @@ class LnMix:
 
     On CPU with fp32 or bf16 activations this is the compiled ``ln_mix_split`` op, which returns
     those as separate tensors; on CUDA (fp32, bf16 or fp16) the compiled ``ln_mix`` op, its
-    results then split by views. One call instead of 5-6 small torch ops, which cost 10-30 us each
-    while decoding (on CPU, streaming the weights evicts torch's code and data from the caches, so
+    results then split by views. One call instead of 5-6 small torch ops, each costly while
+    decoding (on CPU, streaming the weights evicts torch's code and data from the caches, so
     the split op also spares the selects and the unbind; on CUDA each op is a kernel launch).
     Otherwise the same math as torch ops (ln_mix_math)."""
 
@@ -152,6 +154,7 @@ class LnMix:
         self.lerp = lerp
         self.op = fused_op("ln_mix", dd, mode)
         self.split_op = fused_op("ln_mix_split", dd, mode)
+        self.rows_op = fused_op("ln_mix_rows", dd, mode) if torch.device(dd.device).type == "cpu" else None
         if self.op is not None or self.split_op is not None:  # the op's parameters: fp32 (bf16 ones widened, exactly), [n, C] mixes
             self.op_params = (self.ln_w.float(), self.ln_b.float(), self.mix.squeeze(1).float())
 
@@ -165,13 +168,52 @@ class LnMix:
             xx, mixed = ln_mix_math(x, sx, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
         return xx, xx[-1], list(mixed.unbind(0))
 
+    def rows(self, x: torch.Tensor, prev: torch.Tensor) -> tuple:
+        """The batched case: row b of x [B, C] is one token of sequence b and row b of prev
+        [B, C] that sequence's shift state. Returns (xx [B, C], [mixed_0, ...] each [B, C]);
+        xx is the new shift state of every row. On CPU the compiled ``ln_mix_rows`` (each row's
+        bits those of ln_mix_split on that row alone); elsewhere as the compiled ops compute (in
+        fp32, rounded once) where they would run, else as the torch ops do."""
+        if self.rows_op is not None:
+            xx, *mixed = self.rows_op(x, prev, *self.op_params, self.lerp, LAYER_NORM_EPS)
+            return xx, mixed
+        if self.op is not None or self.split_op is not None:
+            w, b, mix = self.op_params
+            m = mix.unsqueeze(1)
+            xx, mixed = ln_mix_rows_math(x.float(), prev.float(), w, b, m, 1 - m if self.lerp else None,
+                                         LAYER_NORM_EPS)
+            xx, mixed = xx.to(x.dtype), mixed.to(x.dtype)
+        else:
+            xx, mixed = ln_mix_rows_math(x, prev, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
+        return xx, list(mixed.unbind(0))
+
+
+class Tiled:
+    """Per-channel parameters repeated for B rows laid end to end (``make(B)``), for block ops run
+    on B sequences at once as one sequence of B*H heads (a batch of one-token steps: the heads of
+    different sequences are as independent as the heads of one). The last B's tensors are kept,
+    so a steady batch builds them once."""
+
+    def __init__(self, make):
+        self.make, self.B, self.value = make, None, None
+
+    def __call__(self, B: int):
+        if B != self.B:
+            self.B, self.value = B, self.make(B)
+        return self.value
+
+
+def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A [B, ...] batch of one-token rows as one row [1, B*...] (a view when t is contiguous)."""
+    return None if t is None else t.reshape(1, -1)
+
 
 class HeadNorm:
     """The layer norm before the head (ln_out) of x [T, C]. On CPU with fp32 or bf16 activations
     it is the compiled ``ln_mix_split`` op with no mixes (its first result; the same kernel as
     every block's layer norm), otherwise torch's layer_norm (what upstream runs). While decoding,
     torch's layer_norm, called through the dispatcher with its code and data flushed from the
-    caches by the weights, took ~0.1 ms of a 1.5B token (benchmarks/RESULTS.md)."""
+    caches by the weights, is slower than the compiled kernel."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor, dd: LayerPlacement, mode: str):
         self.w, self.b = w, b
@@ -192,8 +234,8 @@ class Projection:
     Dense weights use torch's matmul (upstream's CPU path), except one-token bf16/fp32 products on
     CPU, which use our ``linear_one`` matrix-vector kernel. int8 weights use the fused ``mm8`` ops:
     ``mm8_seq`` for several tokens; for one token ``mm8_one_i16`` on CPU when compiled (the
-    activation rounded to int16, exact integer dot products: ~1.25x faster decode, error far
-    below the int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise.
+    activation rounded to int16, exact integer dot products: faster decode, error far below the
+    int8 weight's own; ``use_exact_int8()`` switches back) and ``mm8_one`` otherwise.
     fp16 weights on CUDA whose output is wanted in fp32 use ``gemm_fp16`` (fp32 accumulation and
     output: upstream's cuBLAS fix for small-model overflow) when it is compiled. Streamed weights
     stay in CPU memory and are copied for each call. A weight stored as row slabs (a 3-D tensor,
@@ -239,7 +281,7 @@ class Projection:
         if dev_type == "cuda" and self.weight.dtype == torch.float16:
             self._gemm16 = ops.resolve("gemm_fp16", dev_type, mode)
         # One-token bf16 and fp32 products on CPU: our matrix-vector kernel reads the column-major
-        # weight at 1.4-2x torch's speed (docs/kernels.md). Only when compiled: torch's matmul is
+        # weight faster than torch's matmul does (docs/kernels.md). Only when compiled: torch's matmul is
         # the fallback.
         self._dense_one = None
         if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
@@ -253,6 +295,13 @@ class Projection:
         if self.slabs is not None and (self._dense_one is not None or (self.int8 and self._one_act)) \
                 and _compiled("linear_one_slabs", "CPU"):
             self._slabs_one = ops.resolve("linear_one_slabs", dev_type, mode)
+        # Products of a few rows (the batched engine's B sequences, short sequences) on CPU: our
+        # linear_rows reads each weight once for all rows, where oneDNN's and MKL's GEMMs, made for
+        # many rows, read it several times over or reorder it first.
+        self._rows = None
+        if (dev_type == "cpu" and mode != "reference" and self.weight.dtype in (torch.bfloat16, torch.float32)
+                and matrix.t().is_contiguous() and _compiled("linear_rows", "CPU")):
+            self._rows = ops.resolve("linear_rows", dev_type, mode)
         # add_to's one-token products: the residual add (and the gate) in the product's call.
         self._residual_one = None
         if dev_type == "cpu" and mode != "reference" and _compiled("linear_one_residual", "CPU"):
@@ -263,7 +312,7 @@ class Projection:
         self._one = ops.resolve(name, self.device.type, self._mode)
         self._one_act = name == "mm8_one_i16"  # it applies the activation itself
         # mm8_one_i16 computes in fp32 and takes fp32 side tensors: copies made once here (exact)
-        # spare a bf16 layer four conversions per one-token product (~15 us a call).
+        # spare a bf16 layer four conversions per one-token product.
         self.one_side = tuple(t.float() for t in self.side) if self._one_act else self.side
 
     @property
@@ -278,6 +327,11 @@ class Projection:
         """One-token int8 products in fp32 throughout (``mm8_one``), as upstream computes them."""
         if self.int8:
             self._use_one("mm8_one")
+
+    def _rows_take(self, x: torch.Tensor) -> bool:
+        """Whether linear_rows computes this product of x (2 to ROWS_MAX rows, x's dtype)."""
+        return (self._rows is not None and x.dim() == 2 and 1 < rows(x) <= ROWS_MAX
+                and x.dtype == self.weight.dtype)
 
     def _slabs_take(self, x: torch.Tensor) -> bool:
         """Whether linear_one_slabs computes this one-token product of x (int8: unless
@@ -307,6 +361,8 @@ class Projection:
             return self._gemm16(x, W, True), False
         if self._dense_one is not None and rows(x) == 1 and x.dtype == W.dtype:
             return self._dense_one(x, W, act), True
+        if self._rows_take(x):
+            return self._rows(x, W).to(x.dtype), False
         if self._linear_seq is not None and x.dtype == torch.float32 and x.dim() == 2 and x.numel():
             try:
                 return self._linear_seq(x.contiguous(), W.t(), None, "none", [], None), False
@@ -337,8 +393,8 @@ class Projection:
     def add_to(self, base: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """``base + self(x)``, or ``base + gate * self(x)``: the block's residual add (and the FFN's
         gate). For one token on CPU that is one linear_one_residual call, the same values: while
-        decoding, each separate elementwise op cost ~15 us (its code and data come back into caches
-        the weights have just flushed), ~0.7 ms of a 1.5b token for the two adds of every layer."""
+        decoding, each separate elementwise op is costly (its code and data come back into caches
+        the weights have just flushed), and every layer has two such adds."""
         if (self._residual_one is not None and self._one_token_kernel(x) and base.dtype == x.dtype
                 and (gate is None or gate.dtype == x.dtype)):
             side = list(self.one_side) if self.int8 else []
@@ -355,6 +411,8 @@ class Projection:
             y, done = self._product(x, self._weight(), self.side, self.one_side, out_dtype, code)
         elif self._slabs_one is not None and rows(x) == 1 and self._slabs_take(x):
             y, done = self._slabs_one(x, self.weight, list(self.one_side), code), True
+        elif self._rows_take(x):
+            y, done = self._rows(x, self.weight).to(x.dtype), False
         else:  # the product is linear in the rows: the slabs' products summed in fp32
             parts = [self._product(x[:, rows], q, side, side, out_dtype, 0)[0]
                      for rows, q, side in self.slabs]
@@ -408,7 +466,7 @@ class ProjectionChain:
     ``__call__(xs)`` returns ``(first(xs), second([its results at src]))``, the same values. For
     one token on CPU, where each group would make one call, that is one ``linear_one_chain`` call:
     the hop between two calls (the first's results unpacked, the second's argument lists built,
-    the dispatch) cost ~20 us while decoding, its code and data flushed by the weights."""
+    the dispatch) is costly while decoding, its code and data flushed by the weights."""
 
     def __init__(self, first: ProjectionGroup, second: ProjectionGroup, src: list, mode: str):
         self.first, self.second, self.src = first, second, list(src)

@@ -3,8 +3,8 @@
 
 While decoding, Python's own work between the ops is a large share of a token's time: every
 weight streamed through the caches pushes the interpreter's code and data out, so each line of
-the forward runs cold (1.5b int8 models: 5-7 ms of ~55-65 ms per token; 24-layer small models:
-a third of the time). So on the model's first one-token call, ``Runtime.run`` is traced once
+the forward runs cold (around a tenth of a large int8 model's token, a third of a small model's).
+So on the model's first one-token call, ``Runtime.run`` is traced once
 (torch's tracer, ``torch.jit._get_trace_graph``) into a graph of the same ops with the same arguments, and later one-token
 calls run that graph in C++ (its own compilation unit, owned by the model; the weights are
 traced as inputs, then bound into the graph as constants that are the model's own tensors, not
@@ -34,11 +34,11 @@ strategy raises ``ValueError``; the default (None) quietly uses it where support
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from .. import settings
 from ..strategy import LayerPlacement
 from .common import _compiled
 
@@ -68,7 +68,7 @@ def want_graph(requested: bool | None, plan: list[LayerPlacement], mode: str, st
                              "Pass cpu_graph=None (use it where possible) or False.")
         return True
     if requested is None:
-        return why is None and os.environ.get("RWKV_CPU_GRAPH", "1").strip() != "0"
+        return why is None and settings.value("RWKV_CPU_GRAPH")
     return False
 
 
@@ -110,8 +110,7 @@ def constant_bytes(graph) -> int:
 def bind_params(graph, first: int, params: list) -> None:
     """Turns the graph's inputs from index ``first`` on (``params``, in order) into constants that
     refer to those same tensors (no copies). Passed as inputs, the runtime's ~1300 tensors (a
-    24-layer RWKV-7) were converted from Python objects on every call: ~0.26 ms per token with
-    warm caches, ~0.5 ms at 1.5B."""
+    24-layer RWKV-7) would be converted from Python objects on every call."""
     inputs = list(graph.inputs())
     start = next(iter(graph.nodes()))
     for i in reversed(range(first, len(inputs))):
@@ -247,9 +246,9 @@ def _allocations_first(steps: list, names: list, n_inputs: int) -> list:
     """steps with every ``pooled_empty_like`` of a graph input or constant (a layer's new matrix
     state, shaped like its old one) moved to the front, in order. Each slot is written once, and
     these steps read nothing any step writes, so they may run first. Run among the layers, right
-    after a product has streamed its weights through the caches, each allocation took ~7 us (cold
-    code and pool data); run together at the start, ~2 us (1.5b RWKV-7, step timer: 170 -> 50 us
-    a token). (Results made inside an op, like ln_mix_split's new shift state, are made at the
+    after a product has streamed its weights through the caches, each allocation finds its code
+    and pool data cold; run together at the start, they run warm, several times faster. (Results
+    made inside an op, like ln_mix_split's new shift state, are made at the
     plan's start by the plan itself: Reusing's fresh results, csrc/cpu/token_plan.cpp.)"""
     def early(step) -> bool:
         op, _, args, _ = step
@@ -291,7 +290,13 @@ class CPUGraphDecoder:
     def forward_one(self, token: int, state: list):
         """token: a range-checked id; state: a validated state list (never written). Returns
         (logits [V] fp32, new state list), those of ``Runtime.forward``. x is the embedding's row
-        as a view (no op writes its input x); the plan takes that row itself (run_row)."""
+        as a view (no op writes its input x); the plan takes that row itself (run_row).
+
+        A DeepEmbed model's graph has one more input after x, the token id as a [1] int64 tensor
+        (its channel mixes gather their table rows with it: the gather is an op of the graph, so
+        the graph serves every token); the plan takes it as the first of its state inputs."""
+        if self.rt.info.deep_embed:
+            return self._forward_ids(token, state)
         if self.plan is not None:
             out = self.plan.run_row(self.rt.emb, token, state)  # [logits, *new state]
             return out[0], out[1:]
@@ -303,33 +308,52 @@ class CPUGraphDecoder:
         out = self.fn(x, *state)
         return out[0], out[1:]
 
-    def _trace(self, x: torch.Tensor, state: list):
+    def _forward_ids(self, token: int, state: list):
+        """forward_one with the token id as a graph input (DeepEmbed models)."""
+        x = self.rt.emb.narrow(0, token, 1)
+        ids = torch.tensor([token], dtype=torch.long)
+        if self.plan is not None:
+            out = self.plan.run(x, [ids, *state])
+        elif self.fn is not None:
+            out = self.fn(x, ids, *state)
+        elif self.failed is None:
+            return self._trace(x, state, ids)
+        else:
+            return self.rt.run(x, state, False, ids)
+        return out[0], out[1:]
+
+    def _trace(self, x: torch.Tensor, state: list, ids: torch.Tensor | None = None):
+        """Traces, checks and keeps the graph (and its plan); returns the op-by-op run's results.
+        ids: the token id of x ([1] int64), a graph input after x, for DeepEmbed models only."""
         rt = self.rt
         n_state = len(state)
+        extra = [] if ids is None else [ids]
         # Every tensor the runtime holds is an input of the traced graph, so that the trace
         # cannot copy one into a constant of its own (checked below); they are then bound into
         # the graph as constants that are those very tensors (bind_params).
         params = runtime_tensors(rt)
 
         def step(x, *args):
-            logits, new_state = rt.run(x, list(args[:n_state]), False)
+            tokens = args[0] if extra else None
+            st = list(args[len(extra):len(extra) + n_state])
+            logits, new_state = rt.run(x, st, False, tokens)
             return (logits, *new_state)
 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", torch.jit.TracerWarning)  # a value used in Python
                 warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's own notice
-                graph, _ = torch.jit._get_trace_graph(step, (x, *state, *params))
+                graph, _ = torch.jit._get_trace_graph(step, (x, *extra, *state, *params))
             # The graph becomes a function of our own compilation unit, which goes when this
             # decoder goes (torch.jit.trace would register it for the life of the process).
             held = constant_bytes(graph)
             if held > MAX_CONSTANT_BYTES:
                 raise RuntimeError(f"the graph would hold {held} bytes of tensors as constants")
-            bind_params(graph, 1 + n_state, params)
+            bind_params(graph, 1 + len(extra) + n_state, params)
             list_output(graph)
             fn = torch._C.CompilationUnit().create_function("rwkv_one_token", graph)
-            traced = step(x, *state)  # op by op: the reference for the graph's first run
-            again = fn(x, *state)
+            traced = step(x, *extra, *state)  # op by op: the reference for the graph's first run
+            again = fn(x, *extra, *state)
             if len(again) != len(traced) or not all(torch.equal(a, b) for a, b in zip(again, traced)):
                 raise RuntimeError("the graph's first run differs from the op-by-op run")
         except Exception as e:  # any failure leaves the op-by-op path, which is always valid
@@ -337,9 +361,9 @@ class CPUGraphDecoder:
             if self.explicit:
                 warnings.warn(f"RWKV: the one-token CPU graph could not be built ({self.failed}); "
                               "decoding runs op by op", RuntimeWarning, stacklevel=4)
-            return rt.run(x, state, False)
+            return rt.run(x, state, False, ids)
         self.fn = fn
-        self._plan(graph, x, state, traced)
+        self._plan(graph, x, extra + list(state), traced)
         return traced[0], list(traced[1:])
 
     def _plan(self, graph, x: torch.Tensor, state: list, traced: tuple) -> None:

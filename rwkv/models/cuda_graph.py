@@ -88,6 +88,9 @@ class CudaGraphDecoder:
         self._state_in = None   # the recurrent state the graph reads
         self._logits = None     # [V] fp32, written by each replay
         self._state_out = None  # the new state, written by each replay
+        # DeepEmbed models: the token id [1] int64 on the device, which the graph's channel mixes
+        # gather their table rows with (the tables are on the device: rwkv/model.py, _place).
+        self._ids = None
 
     @property
     def captured(self) -> bool:
@@ -101,6 +104,8 @@ class CudaGraphDecoder:
         with torch.cuda.device(self.device):
             # The same CPU-to-device copy (and dtype conversion) as the plain path's x.to(dtype, device).
             self._x.copy_(self.rt.emb.narrow(0, token, 1))
+            if self._ids is not None:
+                self._ids.fill_(token)
             _copy_all(self._state_in, list(state))
             self.graph.replay()
             logits = self._logits.clone()
@@ -114,19 +119,20 @@ class CudaGraphDecoder:
             x = torch.empty((1, rt.info.n_embd), dtype=rt.plan[0].atype, device=dev)
             x.copy_(rt.emb[:1])  # any valid row; warm-up results are discarded
             state_in = [torch.empty(t.shape, dtype=t.dtype, device=dev).copy_(t) for t in state]
+            ids = torch.zeros(1, dtype=torch.long, device=dev) if rt.info.deep_embed else None
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_RUNS):
-                    rt.run(x, state_in, False)
+                    rt.run(x, state_in, False, ids)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph):
-                    logits, state_out = rt.run(x, state_in, False)
+                    logits, state_out = rt.run(x, state_in, False, ids)
             except Exception as e:
                 raise RuntimeError(f"RWKV: capturing the one-token CUDA graph failed ({e}); build the "
                                    "model with cuda_graph=False to run without it") from e
-        self._x, self._state_in = x, state_in
+        self._x, self._state_in, self._ids = x, state_in, ids
         self._logits, self._state_out = logits, list(state_out)
         self.graph = graph

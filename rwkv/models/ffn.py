@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
-from .common import LnMix, Projection, ProjectionGroup, _compiled
+from .. import deep_embed, ops
+from .common import LnMix, Projection, ProjectionGroup, _compiled, concrete_device, moved
 
 
 class ChannelMix:
     """v4/v5.x use ``time_mix_k/r`` (lerp form), v6 ``time_maa_k/r`` (delta form), v7 ``x_k`` (delta
-    form) and no receptance. Returns ``(x + out, new shift state)``; the shift state is the LN2 output."""
+    form) and no receptance. Returns ``(x + out, new shift state)``; the shift state is the LN2 output.
+
+    DeepEmbed v7 layers (rwkv/deep_embed.py) multiply the key's relu squared by a gate that depends
+    on each row's token id: ``__call__(x, sx, tokens)`` takes the ids of x's rows ([T] int64), and
+    ``deep_embed_gate(xf, tokens)`` is that gate for any set of rows (row by row independent, so
+    rows of different sequences may share a call). The layer's s_emb table stays where
+    rwkv/model.py placed it (CPU memory for CUDA layers, unless a CUDA graph needs it on the
+    device): the rows are gathered there and only they are moved to the layer's device."""
 
     def __init__(self, w: dict, i: int, dd, version: float, mode: str, stream: bool):
         p = f"blocks.{i}."
@@ -21,6 +28,11 @@ class ChannelMix:
             prefix = p + ("ffn.time_maa_" if version == 6 else "ffn.time_mix_")
             mixes = [w[prefix + "k"], w[prefix + "r"]]
         self.ln_mix = LnMix(w, p + "ln2", mixes, version < 6, dd, mode)
+        self.s_emb = w.get(p + deep_embed.TABLE) if version == 7 else None  # [V, 1024] or None
+        if self.s_emb is not None:
+            self.layer = i
+            self.device, self.dtype = concrete_device(dd.device), dd.atype
+            self.s1, self.s2, self.s0 = (w[p + n] for n in ("ffn.s1", "ffn.s2", "ffn.s0"))
         self.key = Projection(w, p + "ffn.key.weight", dd, mode, stream)
         self.value = Projection(w, p + "ffn.value.weight", dd, mode, stream)
         if version != 7:
@@ -34,7 +46,28 @@ class ChannelMix:
                 and _compiled("linear_one_ffn", "CPU"):
             self.one_op = ops.resolve("linear_one_ffn", "cpu", mode)
 
-    def __call__(self, x: torch.Tensor, sx: torch.Tensor):
+    def deep_embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The s_emb rows of ``tokens`` ([T] int64, on the CPU or on the table's device), [T, 1024]
+        in the layer's dtype on its device. The ids must be in range (the model checks them)."""
+        table = self.s_emb
+        if tokens.device != table.device:
+            if tokens.device.type != "cpu":
+                raise ValueError(
+                    f"RWKV: layer {self.layer}'s DeepEmbed table is in {table.device} memory, but the "
+                    f"token ids are on {tokens.device}; pass them as a CPU tensor or int (tables of "
+                    "CUDA layers live on the GPU only when the model is built with cuda_graph=True)")
+            tokens = tokens.to(table.device)
+        return moved(table.index_select(0, tokens), self.dtype, self.device)
+
+    def deep_embed_gate(self, xf: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The DeepEmbed gate of T rows: xf [T, C] their LN2 outputs (the layer's dtype and device),
+        tokens [T] int64 their token ids. Returns [T, F] in xf's dtype (rwkv/deep_embed.py)."""
+        return deep_embed.gate_math(xf, self.deep_embed_rows(tokens), self.s1, self.s2, self.s0)
+
+    def __call__(self, x: torch.Tensor, sx: torch.Tensor, tokens: torch.Tensor | None = None):
+        """x [T, C], sx [C]; tokens: the ids of x's rows ([T] int64), read by DeepEmbed layers only."""
+        if self.s_emb is not None:
+            return self._deep_embed_call(x, sx, tokens)
         _, shift, mixed = self.ln_mix(x, sx)
         if self.version == 7:
             xs, gate = mixed, -1
@@ -47,5 +80,37 @@ class ChannelMix:
             value = self.value
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
             return self.one_op(xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
+        return self._products(x, xs, gate), shift
+
+    def rows(self, x: torch.Tensor, sx: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The batched step: row b of x [B, C] is one token of sequence b, whose shift state is
+        sx[b] (updated in place); tokens [B] int64: the rows' token ids (DeepEmbed layers only).
+        Returns x + out."""
+        xx, mixed = self.ln_mix.rows(x, sx)
+        sx.copy_(xx)
+        if self.s_emb is not None:
+            self._check_tokens(tokens)
+            return self._deep_embed_products(x, xx, mixed, tokens)
+        if self.version == 7:
+            return self._products(x, mixed, -1)
+        kx, rx = mixed
+        return self._products(x, [rx, kx], 0)
+
+    def _products(self, x, xs, gate):
         ys = self.rk(xs)  # (r and) the key's relu squared
-        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift
+        return self.value.add_to(x, ys[-1], gate=ys[gate] if gate >= 0 else None)
+
+    def _deep_embed_call(self, x, sx, tokens):
+        self._check_tokens(tokens)
+        xf, shift, mixed = self.ln_mix(x, sx)
+        return self._deep_embed_products(x, xf, mixed, tokens), shift
+
+    def _deep_embed_products(self, x, xf, mixed, tokens):
+        """x + the DeepEmbed channel mix's output, from xf (LN2 of x) and its mix with the shift."""
+        h = self.rk(mixed)[0]  # the key's relu squared, [T, F]
+        return self.value.add_to(x, h * self.deep_embed_gate(xf, tokens))
+
+    def _check_tokens(self, tokens) -> None:
+        if tokens is None:
+            raise ValueError(f"RWKV: layer {self.layer} is a DeepEmbed channel mix, which needs the "
+                             "token ids of its rows (tokens=...)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .common import LnMix, Projection, ProjectionGroup, fused_op, moved
+from .common import LnMix, Projection, ProjectionGroup, Tiled, flat, fused_op, moved
 
 
 class TimeMixV4:
@@ -19,25 +19,43 @@ class TimeMixV4:
         self.wkv = ops.resolve("wkv4_forward", torch.device(dd.device).type, mode)
         # On CPU (fp32 or bf16 activations) the compiled wkv4_block: one op for what is otherwise
         # three state copies, wkv4_forward, the gate's multiply and (bf16) a conversion, with the
-        # same bits (1.5b decode, paired A/B: `cpu fp32i8` -0.57, `cpu bf16i8` -0.30, `cpu bf16`
-        # -0.41 ms per token). It takes k and v as the products return them (bf16 ones widened
+        # same bits. It takes k and v as the products return them (bf16 ones widened
         # inside: two conversion ops fewer per layer).
         self.block = fused_op("wkv4_block", dd, mode)
         kv = None if self.block is not None else torch.float32
         self.rkv = ProjectionGroup([(self.receptance, "sigmoid", None), (self.key, None, kv),
                                     (self.value, None, kv)], mode)
+        # The batched step's decay and bonus, one copy per row (see rows()).
+        self.tiled = Tiled(lambda B: (self.decay.repeat(B), self.first.repeat(B)))
 
     def __call__(self, x, sx, aa, bb, pp):
         """Returns (x, the new shift state, the new aa, bb, pp); the caller's aa, bb, pp are
         never written."""
         _, shift, (kx, vx, rx) = self.ln_mix(x, sx)
         r, k, v = self.rkv([rx, kx, vx])
+        y, aa, bb, pp = self._wkv(r, k, v, aa, bb, pp, self.decay, self.first)
+        return self.output.add_to(x, y), shift, aa, bb, pp
+
+    def rows(self, x, sx, aa, bb, pp):
+        """The batched step: row b of x [B, C] is one token of sequence b, whose states are row b
+        of sx [B, C] and aa, bb, pp [B, A] (contiguous); all are updated in place. The B
+        recurrences run as one token of B*A channels. Returns x + out."""
+        xx, (kx, vx, rx) = self.ln_mix.rows(x, sx)
+        sx.copy_(xx)
+        B = x.shape[0]
+        r, k, v = self.rkv([rx, kx, vx])
+        state = [t.view(-1) for t in (aa, bb, pp)]
+        y, *new = self._wkv(flat(r), flat(k), flat(v), *state, *self.tiled(B))
+        for t, n in zip(state, new):
+            t.copy_(n)
+        return self.output.add_to(x, y.view(B, -1))
+
+    def _wkv(self, r, k, v, aa, bb, pp, decay, first):
+        """The recurrence from aa, bb, pp (never written) and the gate: (r * wkv, new aa, bb, pp)."""
         # (No .contiguous() or no-op .to() here: the ops make their inputs contiguous themselves,
         # and each call left in would be an op of the one-token graph.)
         if self.block is not None:
-            y, aa, bb, pp = self.block(self.decay, self.first, k, v, r, aa, bb, pp)
-        else:
-            aa, bb, pp = aa.clone(), bb.clone(), pp.clone()  # updated in place by the kernel
-            y = self.wkv(self.decay, self.first, k, v, aa, bb, pp)
-            y = r * moved(y, x.dtype, y.device)
-        return self.output.add_to(x, y), shift, aa, bb, pp
+            return self.block(decay, first, k, v, r, aa, bb, pp)
+        aa, bb, pp = aa.clone(), bb.clone(), pp.clone()  # updated in place by the kernel
+        y = self.wkv(decay, first, k, v, aa, bb, pp)
+        return r * moved(y, r.dtype, y.device), aa, bb, pp

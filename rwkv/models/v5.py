@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..ops.reference import group_norm, maa_mix_math, rows, wkv6_block_math
-from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, fused_op,
-                     stacked_mixes, state_buffer)
+from ..ops.reference import group_norm, maa_mix_math, maa_mix_rows_math, rows, wkv6_block_math
+from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, Tiled, flat,
+                     fused_op, stacked_mixes, state_buffer)
 
 
 class TimeMixV5:
@@ -34,6 +34,8 @@ class TimeMixV5:
         members += self._extra_members()
         self.products = ProjectionGroup(members, mode)
         self.wkv = ops.resolve(self.op_name, torch.device(dd.device).type, mode)
+        # The batched step's per-head parameters, one copy per row (see rows()).
+        self.tiled = Tiled(self._tile)
 
     def _load_mixes(self, w, p, dd, mode):
         names = "kvr" + ("g" if self.gated else "")
@@ -49,18 +51,41 @@ class TimeMixV5:
         keep the products' own (the activation dtype)."""
         return torch.float32
 
-    def _inputs(self, x, sx):
-        """Returns the new shift state (ln1 of x's last row) and the inputs of _block: r, k, v
-        (fp32, [T, A]), the gate (atype or None) and the decay input."""
-        _, shift, mixed = self.ln_mix(x, sx)  # k, v, r(, g)
-        r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + mixed[3:])
-        return shift, (r, k, v, g[0] if g else None, self.decay)
+    def _products(self, xx, prev, mixed, batch):
+        """The inputs of _block from the layer norm xx, the previous rows' (prev: the shift state
+        [C], or [B, C] with ``batch``) and the mixes: r, k, v (fp32, [T, A]), the gate (atype or
+        None) and the decay input."""
+        r, k, v, *g = self.products([mixed[2], mixed[0], mixed[1]] + mixed[3:])  # of k, v, r(, g)
+        return r, k, v, g[0] if g else None, self.decay
 
     def __call__(self, x, sx, S_old):
         """S_old: the caller's matrix state (never written). Returns (x + out, shift, new state)."""
-        shift, inputs = self._inputs(x, sx)
-        y, S = self._block(S_old, *inputs, x.dtype)
+        xx, shift, mixed = self.ln_mix(x, sx)
+        y, S = self._block(S_old, *self._products(xx, sx, mixed, False), x.dtype)
         return self.output.add_to(x, y), shift, S
+
+    def rows(self, x, sx, S):
+        """The batched step: row b of x [B, C] is one token of sequence b, whose shift state is
+        sx[b] and matrix state S[b] ([B, H, N, N], contiguous); both are updated in place. The B
+        recurrences run as one token of one sequence with B*H heads. Returns x + out."""
+        xx, mixed = self.ln_mix.rows(x, sx)
+        inputs = self._products(xx, sx, mixed, True)
+        sx.copy_(xx)
+        B = x.shape[0]
+        y = self._block_rows(S.view(B * self.H, self.N, self.N), [flat(t) for t in inputs], B, x.dtype)
+        return self.output.add_to(x, y.view(B, -1))
+
+    def _tile(self, B):
+        return self.decay.repeat(B, 1), self.first.repeat(B, 1), self.lx_w.repeat(B), self.lx_b.repeat(B)
+
+    def _block_rows(self, S, inputs, B, dtype):
+        """_block of B one-token rows flattened to one row of B*H heads (S [B*H, N, N], the
+        inputs [1, B*A]), updating S in place."""
+        r, k, v, g, _ = inputs
+        decay, first, lx_w, lx_b = self.tiled(B)
+        y = self.wkv(S, r.contiguous(), k.contiguous(), v.contiguous(), decay, first)
+        y = group_norm(y, B * self.H, lx_w, lx_b, GROUP_NORM_EPS).to(dtype=dtype)
+        return y if g is None else y * g
 
     def _block(self, S_old, r, k, v, g, decay, dtype):
         """The recurrence, the group norm and the gate: (the input of the output projection, the
@@ -103,6 +128,8 @@ class TimeMixV6(TimeMixV5):
         self.maa_rows = self.maa.squeeze(1).float()  # [5, C] fp32, the op's layout
         self.maa_op = fused_op("maa_mix", dd, mode, self.maa_w2)
         self.maa_split = fused_op("maa_mix_split", dd, mode, self.maa_w2)
+        self.maa_rows_op = fused_op("maa_mix_rows", dd, mode, self.maa_w2) \
+            if torch.device(dd.device).type == "cpu" else None
         # One token on CPU: maa_mix_split with the first factor's product in the same call.
         w1 = self.maa_w1.weight
         self.maa_lora = fused_op("maa_lora_one", dd, mode, self.maa_w2, w1) \
@@ -112,17 +139,31 @@ class TimeMixV6(TimeMixV5):
         if self.block is not None:
             self.block_params = torch.stack([t.reshape(-1).float() for t in self.params])
 
-    def _inputs(self, x, sx):
-        xx, shift, (xmaa,) = self.ln_mix(x, sx)
+    def _products(self, xx, prev, mixed, batch):
+        (xmaa,) = mixed
         w1 = self.maa_w1.weight
-        if self.maa_lora is not None and rows(xx) == 1 and xmaa.dtype == w1.dtype:
+        if batch:
+            mixed = self._mix_rows(xx, prev, self.maa_w1(xmaa))
+        elif self.maa_lora is not None and rows(xx) == 1 and xmaa.dtype == w1.dtype:
             # one token on CPU: the first low-rank product inside the same call
-            mixed = self.maa_lora(xx, sx, xmaa, w1, self.maa_w2, self.maa_rows)
+            mixed = self.maa_lora(xx, prev, xmaa, w1, self.maa_w2, self.maa_rows)
         else:
-            mixed = self._mixes(xx, sx, self.maa_w1(xmaa))
+            mixed = self._mixes(xx, prev, self.maa_w1(xmaa))
         wx, kx, vx, rx, gx = mixed  # (5 x [T, C]): w, k, v, r, g
         (r, k, v, g, _), (w,) = self.decay_products([rx, kx, vx, gx, wx])
-        return shift, (r, k, v, g, w)
+        return r, k, v, g, w
+
+    def _mix_rows(self, xx, prev, z):
+        """The 5 mixes of B one-token rows, prev [B, C] their shift states: on CPU the compiled
+        ``maa_mix_rows``; elsewhere as the compiled op computes them (fp32, rounded once) where it
+        would run, else as the torch ops do."""
+        if self.maa_rows_op is not None:
+            return self.maa_rows_op(xx, prev, z, self.maa_w2, self.maa_rows)
+        if self.maa_split is not None or self.maa_op is not None:
+            m = maa_mix_rows_math(xx.float(), prev.float(), z.float(), self.maa_w2.float(),
+                                  self.maa_rows.unsqueeze(1))
+            return m.to(xx.dtype).unbind(0)
+        return maa_mix_rows_math(xx, prev, z, self.maa_w2, self.maa).unbind(0)
 
     def _mixes(self, xx, sx, z):
         """The 5 mixes from the first low-rank product's result z."""
@@ -139,6 +180,18 @@ class TimeMixV6(TimeMixV5):
         # The compiled wkv6_block widens bf16 r, k, v and w itself (exactly, so the same values as
         # upstream's .float() after each product): no conversion op per tensor.
         return None if self.block is not None else torch.float32
+
+    def _tile(self, B):
+        if self.block is not None:
+            return self.block_params.repeat(1, B)
+        base, u, lx_w, lx_b = self.params
+        return base.repeat(B), u.repeat(B, 1), lx_w.repeat(B), lx_b.repeat(B)
+
+    def _block_rows(self, S, inputs, B, dtype):
+        r, k, v, g, w = inputs
+        if self.block is not None:
+            return self.block(S, r, k, v, w, g, self.tiled(B), GROUP_NORM_EPS)
+        return wkv6_block_math(self.wkv, S, r, k, v, w, g, self.tiled(B), GROUP_NORM_EPS)
 
     def _block(self, S_old, r, k, v, g, w, dtype):
         if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first

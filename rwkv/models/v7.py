@@ -6,8 +6,8 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
-from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, fused_op, moved,
-                     state_buffer)
+from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, Tiled, flat,
+                     fused_op, moved, state_buffer)
 
 # wkv7_block's parameter rows, in order (v0 is zeros in the first layer, which has no v0).
 BLOCK_PARAMS = ("w0", "a0", "v0", "k_k", "k_a", "r_k", "ln_x.weight", "ln_x.bias")
@@ -53,10 +53,28 @@ class TimeMixV7:
         self.state_buffer = state_buffer(self.block, dd)
         if self.block is not None:
             self.block_params = self.params.float()  # the op's p: fp32 (bf16 rows widened, exactly)
+        # The batched step's parameters: every row's heads after one another (see rows()).
+        self.tiled = Tiled(lambda B: (self.block_params if self.block is not None else self.params).repeat(1, B))
 
     def __call__(self, x, sx, S_old, v_first):
         """S_old: the caller's state (never written). Returns (x + out, shift, v_first, new state)."""
-        _, shift, (xr, xw, xk, xv, xaa, xg) = self.ln_mix(x, sx)
+        _, shift, mixed = self.ln_mix(x, sx)
+        x, v_first, S = self._mixed(x, mixed, S_old, v_first)
+        return x, shift, v_first, S
+
+    def rows(self, x, sx, S, v_first):
+        """The batched step: row b of x [B, C] is one token of sequence b, whose shift state is
+        sx[b] and matrix state S[b] ([B, H, N, N], contiguous); both are updated in place.
+        Returns (x + out, v_first)."""
+        xx, mixed = self.ln_mix.rows(x, sx)
+        sx.copy_(xx)
+        x, v_first, _ = self._mixed(x, mixed, S, v_first, batch=True)
+        return x, v_first
+
+    def _mixed(self, x, mixed, S_old, v_first, batch=False):
+        """From the mixes on: (x + out, v_first, the new state). With ``batch``, the B rows'
+        recurrences run as one sequence of one token with B*H heads, in S_old itself."""
+        xr, xw, xk, xv, xaa, xg = mixed
         (r, w1, k, v, a1, g1, *v1), (w, a, g, *v2) = self.products(
             [xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
         if self.layer == 0:
@@ -64,10 +82,19 @@ class TimeMixV7:
         else:
             v_first = vf = moved(v_first, v.dtype, v.device)
             v_gate = v2[0]
-        if self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
+        if batch:
+            B = x.shape[0]
+            S = S_old.view(B * self.H, self.N, self.N)
+            acts = [flat(t) for t in (r, w, k, v, a, g, vf, v_gate)]
+            if self.block is not None:
+                y = self.block(S, *acts, self.tiled(B), GROUP_NORM_EPS)
+            else:
+                y = wkv7_block_math(self.wkv, S, *acts, self.tiled(B).unbind(0), GROUP_NORM_EPS)
+            y = y.view(B, -1)
+        elif self.block is not None:  # reads S_old, writes the new state: no copy of S_old first
             S = self.state_buffer(S_old)
             y = self.block(S, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS, S_old)
         else:
             S = S_old.clone()
             y = wkv7_block_math(self.wkv, S, r, w, k, v, a, g, vf, v_gate, self.param_rows, GROUP_NORM_EPS)
-        return self.output.add_to(x, y), shift, v_first, S
+        return self.output.add_to(x, y), v_first, S

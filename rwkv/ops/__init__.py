@@ -65,6 +65,18 @@ def ln_mix_split(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp:
     return resolve("ln_mix_split", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
 
 
+def ln_mix_rows(x: Tensor, sx: Tensor, w: Tensor, b: Tensor, mix: Tensor, lerp: bool, eps: float = 1e-5,
+                *, mode: str = "auto") -> list:
+    """ln_mix of B one-token rows (x, sx [B, C]; row b's previous row is sx[b]): [xx, mixed_0,
+    ..., mixed_{n-1}], each [B, C] in x's dtype."""
+    return resolve("ln_mix_rows", x.device.type, mode)(x, sx, w, b, mix, lerp, eps)
+
+
+def maa_mix_rows(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> list:
+    """maa_mix of B one-token rows (xx, sx [B, C], z [B, n*D]): the n mixes, each [B, C]."""
+    return resolve("maa_mix_rows", xx.device.type, mode)(xx, sx, z, w2, maa)
+
+
 def maa_mix(xx: Tensor, sx: Tensor, z: Tensor, w2: Tensor, maa: Tensor, *, mode: str = "auto") -> Tensor:
     """RWKV-6's data-dependent token shift (fp32; docs/kernels.md): xx [T, C]; sx [C]; z [T, n*D]
     (before tanh); w2 [n, D, C]; maa [n, C]. Returns [n, T, C]."""
@@ -140,6 +152,12 @@ def linear_one(x: Tensor, w: Tensor, act: int = 0, *, mode: str = "auto") -> Ten
     """x [N] (or [1, N]) @ w [N, M], both bf16 or both fp32 (column-major: w.t() contiguous), fp32
     accumulation, then the activation code ``act`` (``_checks.ACTIVATIONS``; 0: none)."""
     return resolve("linear_one", x.device.type, mode)(x, w, act)
+
+
+def linear_rows(x: Tensor, w: Tensor, *, mode: str = "auto") -> Tensor:
+    """x [T, N] @ w [N, M] (column-major, or [S, N/S, M] row slabs), both bf16 or both fp32, with
+    fp32 accumulation; returns [T, M] fp32. Reads each weight once for all T rows."""
+    return resolve("linear_rows", x.device.type, mode)(x, w)
 
 
 def linear_one_group(x: list, w: list, side: list, act: list, *, mode: str = "auto") -> list:

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import settings
 from . import _schemas, reference
 
 MODES = ("auto", "compiled", "reference")
@@ -22,7 +23,8 @@ _REFERENCE_BY_DESIGN = {("gemm_fp16", "cpu"), ("mm8_one_i16", "cuda"), ("wkv4_bl
                         ("wkv6_block", "cuda"),
                         ("maa_mix", "cuda"), ("maa_mix_split", "cuda"), ("maa_lora_one", "cuda"),
                         ("ln_mix_split", "cuda"),
-                        ("linear_one_group", "cuda"),
+                        ("linear_one_group", "cuda"), ("linear_rows", "cuda"),
+                        ("ln_mix_rows", "cuda"), ("maa_mix_rows", "cuda"),
                         ("pooled_empty_like", "cuda")}
 
 _lock = threading.Lock()
@@ -58,7 +60,25 @@ def _load() -> None:
             _version_warning = _check_build_info()
             if _version_warning:
                 warnings.warn(_version_warning, RuntimeWarning, stacklevel=3)
+            _apply_cpu_settings()
         _loaded = True
+
+
+def _apply_cpu_settings() -> None:
+    """Hands the CPU kernels the RWKV_CPU_ISA cap and the RWKV_CPU_READ_ORDER choice (the C++ side
+    reads no environment), as forced choices: a cap below the detected ISA forces the cap, a cap at
+    or above it changes nothing."""
+    if not has_kernel("_set_cpu_isa", "CompositeExplicitAutograd"):
+        return
+    cap = settings.value("RWKV_CPU_ISA")
+    if cap is not None:
+        isas = settings.setting("RWKV_CPU_ISA").choices
+        detected = isas[int(torch.ops.rwkv._cpu_isa_tables()) - 1]
+        if isas.index(cap) < isas.index(detected):
+            torch.ops.rwkv._set_cpu_isa(cap)
+    order = settings.value("RWKV_CPU_READ_ORDER")
+    if order is not None:
+        torch.ops.rwkv._set_cpu_read_order(order)
 
 
 def _check_build_info() -> Optional[str]:
@@ -171,8 +191,8 @@ def cpu_read_order() -> str:
     "sequential" (column after column) or "streams" (4 streams over the quarters of a call's
     columns, sharing each load of x, with a software prefetch); "none" without compiled CPU kernels.
     Automatic by CPU (sequential on AMD CPUs with AVX-512, i.e. Zen 4; streams elsewhere);
-    ``RWKV_CPU_READ_ORDER=sequential|streams`` overrides it ("pairs", the old name of streams, is
-    accepted too)."""
+    ``RWKV_CPU_READ_ORDER=sequential|streams`` overrides it ("pairs" is accepted as another name
+    of streams)."""
     _load()
     if not has_kernel("_cpu_read_order", "CompositeExplicitAutograd"):
         return "none"

@@ -237,12 +237,46 @@ def validate_ln_mix(x, sx, w, b, mix, op: str = "ln_mix") -> tuple:
     """Checks ln_mix's (or ln_mix_split's) arguments; returns (T, C, n)."""
     check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
     T, C = _check_activation_and_shift(op, "x", x, sx)
+    return T, C, _check_norm_and_mix(op, w, b, mix, C)
+
+
+def _check_norm_and_mix(op: str, w, b, mix, C: int) -> int:
+    """The layer norm's w, b [C] and the mixes [n, C], all fp32; returns n."""
     _check_channel_vectors(op, ("w", "b"), (w, b), C)
     check_dtype(op, "mix", mix, torch.float32)
     check_dim(op, "mix", mix, "[n, C]", 2)
     n = int(mix.shape[0])
     check_shape(op, "mix", mix, "[n, C]", (n, C))
-    return T, C, n
+    return n
+
+
+def _check_rows_shift(op: str, name: str, x, sx) -> tuple:
+    """The batched mix ops' x and sx: both [B, C] in one activation dtype; returns (B, C)."""
+    check_activation_dtype(op, name, x)
+    check_dim(op, name, x, "[B, C]", 2)
+    torch._check(sx.dtype == x.dtype, lambda: f"{op}: sx must be {dtype_name(x.dtype)} ({name}'s dtype), "
+                                             f"got {dtype_name(sx.dtype)}")
+    torch._check(tuple(sx.shape) == tuple(x.shape),
+                 lambda: f"{op}: sx must have shape [B, C] = {_shape(x)} ({name}'s), got {_shape(sx)}")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def validate_ln_mix_rows(x, sx, w, b, mix, op: str = "ln_mix_rows") -> tuple:
+    """Checks ln_mix_rows' arguments (x, sx [B, C]; w, b [C], mix [n, C] fp32); returns (B, C, n)."""
+    check_same_device(op, ("x", "sx", "w", "b", "mix"), (x, sx, w, b, mix))
+    B, C = _check_rows_shift(op, "x", x, sx)
+    return B, C, _check_norm_and_mix(op, w, b, mix, C)
+
+
+def validate_maa_mix_rows(xx, sx, z, w2, maa, op: str = "maa_mix_rows") -> tuple:
+    """Checks maa_mix_rows' arguments (xx, sx [B, C]; z [B, n*D]; w2, maa as maa_mix's); returns
+    (B, C, n, D)."""
+    check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
+    B, C = _check_rows_shift(op, "xx", xx, sx)
+    n, D = _check_maa_w2(op, w2, C)
+    _check_rows(op, ("z",), (z,), B, n * D, "[B, n*D]", xx.dtype, " (xx's dtype)")
+    _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
+    return B, C, n, D
 
 
 def _check_maa_w2(op: str, w2: torch.Tensor, C: int) -> tuple:
@@ -357,6 +391,27 @@ def validate_linear_one(x, w, op: str = "linear_one") -> tuple:
     check_shape(op, "w", w, "[N, M]", (N, M))
     check_column_major(op, "w", w)
     return N, M
+
+
+def validate_linear_rows(x, w, op: str = "linear_rows") -> tuple:
+    """Checks linear_rows' arguments (x [T, N] bf16/fp32; w [N, M] column-major or [S, N/S, M]
+    row slabs each column-major, in x's dtype); returns (T, N, M, S)."""
+    check_same_device(op, ("x", "w"), (x, w))
+    torch._check(x.dtype in (torch.bfloat16, torch.float32),
+                 lambda: f"{op}: x must be bfloat16 or float32, got {dtype_name(x.dtype)}")
+    check_dim(op, "x", x, "[T, N]", 2)
+    check_dtype(op, "w", w, x.dtype, " (x's dtype)")
+    torch._check(w.dim() in (2, 3), lambda: f"{op}: w must have shape [N, M] or [S, N/S, M], got {_shape(w)}")
+    T, N = int(x.shape[0]), int(x.shape[1])
+    S = int(w.shape[0]) if w.dim() == 3 else 1
+    K, M = int(w.shape[-2]), int(w.shape[-1])
+    torch._check(S >= 1 and S * K == N,
+                 lambda: f"{op}: w must have {N} rows (x's N) in {S} slab(s), got shape {_shape(w)}")
+    torch._check(w.numel() == 0 or ((K <= 1 or w.stride(-2) == 1) and (M <= 1 or w.stride(-1) == K)
+                                    and (S == 1 or w.stride(0) == K * M)),
+                 lambda: f"{op}: w must be column-major (w.t() contiguous, or each slab's), got strides "
+                         f"{list(w.stride())}")
+    return T, N, M, S
 
 
 def validate_linear_one_slabs(x, w, side, op: str = "linear_one_slabs") -> tuple:

@@ -160,6 +160,30 @@ def _ln_mix_split_fake(x, sx, w, b, mix, lerp, eps):
 # [T, C] (the layer norm), sx [C] (the shift state), z [T, n*D] (the product, before tanh): fp32
 # or all bf16 (the activation dtype); w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in
 # fp32. Returns xx + (prev - xx) * (maa + tanh(z) @ w2): [n, T, C] in xx's dtype.
+# ln_mix_split of B one-token rows: x and sx [B, C] (row b's previous row is sx[b]), fp32 or both
+# bf16; w, b [C] and mix [n, C] fp32. Returns [xx (the rows' new shift states), mixed_0, ...,
+# mixed_{n-1}], each [B, C] in x's dtype; row b equals ln_mix_split(x[b:b+1], sx[b], ...)'s.
+_define("ln_mix_rows",
+        "(Tensor x, Tensor sx, Tensor w, Tensor b, Tensor mix, bool lerp, float eps) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::ln_mix_rows")
+def _ln_mix_rows_fake(x, sx, w, b, mix, lerp, eps):
+    B, C, n = _checks.validate_ln_mix_rows(x, sx, w, b, mix)
+    return [x.new_empty((B, C)) for _ in range(n + 1)]
+
+
+# maa_mix_split of B one-token rows: xx and sx [B, C] (row b's previous row is sx[b]); z
+# [B, n*D]; w2 and maa as maa_mix's. Returns the n mixes, each [B, C] in xx's dtype.
+_define("maa_mix_rows", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> Tensor[]")
+
+
+@torch.library.register_fake(f"{_LIB}::maa_mix_rows")
+def _maa_mix_rows_fake(xx, sx, z, w2, maa):
+    B, C, n, _ = _checks.validate_maa_mix_rows(xx, sx, z, w2, maa)
+    return [xx.new_empty((B, C)) for _ in range(n)]
+
+
 _define("maa_mix", "(Tensor xx, Tensor sx, Tensor z, Tensor w2, Tensor maa) -> Tensor")
 
 
@@ -255,6 +279,18 @@ def _linear_one_fake(x, w, act=0):
 # Several one-token products in one call (CPU): product i is linear_one(x[i], w[i], act[i]) for
 # a bf16/fp32 w[i], mm8_one_i16(x[i], w[i], mx, rx, my, ry, act[i]) for a uint8 w[i], whose mx,
 # rx, my, ry are the next four tensors of side (side: 4 per uint8 w, in order). Returns each y.
+# x: [T, N] bf16|fp32; w: [N, M] column-major (w.t() contiguous) or [S, N/S, M] row slabs, each
+# column-major, in x's dtype. Returns y = x @ w: [T, M] fp32 (fp32 accumulation; slabs summed in
+# fp32 in slab order). The batched engine's products of its B rows (each weight read once).
+_define("linear_rows", "(Tensor x, Tensor w) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::linear_rows")
+def _linear_rows_fake(x, w):
+    T, _, M, _ = _checks.validate_linear_rows(x, w)
+    return x.new_empty((T, M), dtype=torch.float32)
+
+
 _define("linear_one_group", "(Tensor[] x, Tensor[] w, Tensor[] side, int[] act) -> Tensor[]")
 
 
@@ -344,5 +380,5 @@ _define("_inference_only", "(str[] names) -> ()")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "ln_mix_split", "maa_mix", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one",
+       "ln_mix", "ln_mix_split", "ln_mix_rows", "maa_mix", "maa_mix_rows", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one", "linear_rows",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

@@ -16,7 +16,7 @@ from . import _checks
 # RWKV-7's decay scale exp(-1/2), written as upstream's literal so decays match it bit for bit.
 DECAY_SCALE = 0.606531
 # The constants as 0-dim CPU tensors: a Python number in a tensor op is first copied into a tensor
-# of the op's dtype (~2.5 us per op, a share of one-token decode); a 0-dim tensor is used as it is.
+# of the op's dtype (an extra step per op while decoding); a 0-dim tensor is used as it is.
 # Same values: 1 is exact in every dtype, and the decay product is computed in fp32 or wider, where
 # a 0-dim fp32 factor gives the bits the Python number gives.
 _ONE = torch.tensor(1.0)
@@ -163,8 +163,15 @@ def ln_mix_math(x, sx, w, b, mix, rmix, eps):
     of xx with the previous row. mix: [n, 1, C]; rmix: 1 - mix for the lerp form (RWKV-4/5:
     ``xx * mix + prev * rmix``), None for the delta form (RWKV-6/7: ``xx + (prev - xx) * mix``).
     Returns (xx [T, C], mixed [n, T, C])."""
+    return ln_mix_rows_math(x, lambda xx: token_shift(xx, sx), w, b, mix, rmix, eps)
+
+
+def ln_mix_rows_math(x, prev, w, b, mix, rmix, eps):
+    """ln_mix_math where each row's previous row is given: ``prev`` is a [T, C] tensor (the
+    batched case: row b is one token of sequence b, its previous token's layer norm in the shift
+    state) or a function of xx giving it (the sequence case)."""
     xx = F.layer_norm(x, (x.shape[-1],), weight=w, bias=b, eps=eps)
-    prev = token_shift(xx, sx)
+    prev = prev(xx) if callable(prev) else prev
     if rmix is not None:
         return xx, xx * mix + prev * rmix
     return xx, xx + (prev - xx) * mix
@@ -174,8 +181,13 @@ def maa_mix_math(xx, sx, z, w2, maa):
     """RWKV-6's data-dependent token shift after its first low-rank product: xx [T, C] (the layer
     norm), sx [C], z [T, n*D] (the product, before tanh), w2 [n, D, C], maa [n, 1, C]. With
     d = prev - xx (the token shift), returns xx + d * (maa + tanh(z) @ w2) per i: [n, T, C]."""
+    return maa_mix_rows_math(xx, token_shift(xx, sx), z, w2, maa)
+
+
+def maa_mix_rows_math(xx, prev, z, w2, maa):
+    """maa_mix_math with each row's previous row given: prev [T, C] (see ln_mix_rows_math)."""
     T, n = xx.shape[0], w2.shape[0]
-    d = token_shift(xx, sx) - xx
+    d = prev - xx
     m = torch.bmm(torch.tanh(z).view(T, n, w2.shape[1]).transpose(0, 1), w2)
     return xx + d * (maa + m)
 
@@ -209,7 +221,7 @@ ACTIVATION_FNS_INPLACE = {1: torch.sigmoid_, 2: _relu_squared_, 3: torch.tanh_,
 def activate_(y, act):
     """activate(y, act) in y's memory, for a y that nothing else holds (a product's fresh result):
     a sequence's [T, 4C] relu squared then takes one pass over memory it already owns, where the
-    out-of-place ops made two new tensors (1.5B, 512 rows: ~5 ms a layer against ~0.7)."""
+    out-of-place ops would make two new tensors, several times slower."""
     return ACTIVATION_FNS_INPLACE[act](y) if act else y
 
 
@@ -323,6 +335,23 @@ def ln_mix_split(x, sx, w, b, mix, lerp, eps):
     return [xx, shift] + [m.clone() for m in mixed.unbind(0)]
 
 
+def ln_mix_rows(x, sx, w, b, mix, lerp, eps):
+    """ln_mix of B one-token rows, row b's previous row being sx[b] (ln_mix_rows_math in fp32).
+    Returns [xx, mixed_0, ..., mixed_{n-1}], each [B, C] in x's dtype."""
+    _checks.validate_ln_mix_rows(x, sx, w, b, mix)
+    m = mix.unsqueeze(1)
+    xx, mixed = ln_mix_rows_math(x.float(), sx.float(), w, b, m, 1 - m if lerp else None, eps)
+    return [xx.to(x.dtype)] + [t.to(x.dtype) for t in mixed.unbind(0)]
+
+
+def maa_mix_rows(xx, sx, z, w2, maa):
+    """maa_mix of B one-token rows, row b's previous row being sx[b] (maa_mix_rows_math in
+    fp32). Returns the n mixes, each [B, C] in xx's dtype."""
+    _checks.validate_maa_mix_rows(xx, sx, z, w2, maa)
+    m = maa_mix_rows_math(xx.float(), sx.float(), z.float(), w2.float(), maa.unsqueeze(1))
+    return [t.to(xx.dtype) for t in m.unbind(0)]
+
+
 def maa_mix(xx, sx, z, w2, maa):
     """RWKV-6's data-dependent token shift (maa_mix_math). xx [T, C], sx [C], z [T, n*D] fp32 or
     all bf16; w2 [n, D, C] fp32 or bf16; maa [n, C] fp32. Computes in fp32; returns [n, T, C] in
@@ -404,6 +433,20 @@ def linear_one(x, w, act=0):
     _checks.validate_linear_one(x, w)
     _checks.check_act("linear_one", act)
     return activate(x.to(torch.float32) @ w.to(torch.float32), act).to(x.dtype)
+
+
+def linear_rows(x, w):
+    """x [T, N] @ w (column-major [N, M], or [S, N/S, M] row slabs) in fp32, slabs summed in fp32
+    in slab order; both bf16 or both fp32. Returns [T, M] fp32."""
+    T, N, M, S = _checks.validate_linear_rows(x, w)
+    x32 = x.to(torch.float32)
+    if w.dim() == 2:
+        return x32 @ w.to(torch.float32)
+    K = N // S
+    y = x32.new_zeros((T, M))
+    for s in range(S):
+        y += x32[:, s * K:(s + 1) * K] @ w[s].to(torch.float32)
+    return y
 
 
 def linear_one_group(x, w, side, act):

@@ -1,19 +1,29 @@
-"""Projection's products of several rows on CPU: for fp32 weights oneDNN's linear
+"""Projection's products of several rows on CPU: up to ROWS_MAX rows our linear_rows (each weight
+read once for all rows); more rows, for fp32 weights oneDNN's linear
 (rwkv.models.common.onednn_linear) instead of ``x @ W`` (MKL's sgemm), except with
 kernels="reference"; the same values up to fp32 rounding, row slabs included. For bf16 weights
-on a CPU without native bf16 GEMM, fp32 tiles of the weight (bf16_product_fp32)."""
+on a CPU without native bf16 GEMM, fp32 tiles of the weight (bf16_product_fp32). Tests of the
+GEMM paths with few rows turn linear_rows off (``gemm_only``), as more rows would."""
 
 import pytest
 import torch
 
 from rwkv import slabs
-from rwkv.models.common import BF16_VIA_FP32_MIN_ROWS, Projection, onednn_linear
+from rwkv import ops
+from rwkv.models.common import BF16_VIA_FP32_MIN_ROWS, ROWS_MAX, Projection, onednn_linear
 from rwkv.ops import _testing
 from rwkv.strategy import LayerPlacement
 
 FP32 = LayerPlacement(device="cpu", dtype="fp32", quant=None, stream=False)
+BF16 = LayerPlacement(device="cpu", dtype="bf16", quant=None, stream=False)
 
 needs_onednn = pytest.mark.skipif(onednn_linear() is None, reason="this torch has no oneDNN")
+
+
+def gemm_only(p: Projection) -> Projection:
+    """p with linear_rows off: its products of few rows take the GEMM paths, as more rows do."""
+    p._rows = None
+    return p
 
 
 def column_major(rows, cols, gen):
@@ -26,13 +36,32 @@ def fp32_close(y, want64):
     assert float((y.double() - want64).abs().max()) <= 1e-5 * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T", [2, 7, ROWS_MAX])
+def test_few_rows_use_linear_rows(T, dtype):
+    gen = torch.Generator().manual_seed(T)
+    W = column_major(300, 200, gen).to(dtype)
+    x = torch.randn(T, 300, generator=gen).to(dtype)
+    p = Projection({"w": W}, "w", FP32 if dtype == torch.float32 else BF16, "auto")
+    if p._rows is None:
+        pytest.skip("linear_rows is not compiled")
+    y = p(x, act="relu2")
+    h = torch.relu(ops.linear_rows(x, W).to(dtype))  # rounded to x's dtype, then activated in it
+    assert y.dtype == dtype and torch.equal(y, h * h)
+    slabbed = Projection({"w": slabs.split_rows(W, 3)}, "w", FP32 if dtype == torch.float32 else BF16, "auto")
+    assert torch.allclose(slabbed(x).float(), p(x).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                          atol=1e-4)
+
+
 @needs_onednn
-@pytest.mark.parametrize("T", [2, 7, 64])
+@pytest.mark.parametrize("T", [2, 7, ROWS_MAX + 1])
 def test_rows_use_onednn(T):
     gen = torch.Generator().manual_seed(T)
     W = column_major(300, 200, gen)
     x = torch.randn(T, 300, generator=gen)
     p = Projection({"w": W}, "w", FP32, "auto")
+    if T <= ROWS_MAX:
+        gemm_only(p)
     assert p._linear_seq is not None
     y = p(x)
     assert torch.equal(y, onednn_linear()(x, W.t(), None, "none", [], None))
@@ -55,18 +84,15 @@ def test_reference_mode_keeps_torch_matmul():
 def test_row_slabs_sum_onednn_products():
     gen = torch.Generator().manual_seed(5)
     W, x = column_major(512, 96, gen), torch.randn(6, 512, generator=gen)
-    p = Projection({"w": slabs.split_rows(W, 4)}, "w", FP32, "auto")
+    p = gemm_only(Projection({"w": slabs.split_rows(W, 4)}, "w", FP32, "auto"))
     assert p.slabs is not None and p._linear_seq is not None
     fp32_close(p(x), x.double() @ W.double())
-
-
-BF16 = LayerPlacement(device="cpu", dtype="bf16", quant=None, stream=False)
 
 
 def test_bf16_weights_keep_torch_matmul_for_few_rows():
     gen = torch.Generator().manual_seed(7)
     W = column_major(64, 32, gen).to(torch.bfloat16)
-    p = Projection({"w": W}, "w", BF16, "auto")
+    p = gemm_only(Projection({"w": W}, "w", BF16, "auto"))
     assert p._linear_seq is None
     x = torch.randn(BF16_VIA_FP32_MIN_ROWS - 1, 64, generator=gen).to(torch.bfloat16)
     assert torch.equal(p(x), x @ W)
@@ -97,7 +123,7 @@ def test_bf16_rows_use_fp32_tiles_without_native_bf16(cpu_isa, mode):
     gen = torch.Generator().manual_seed(11)
     W = column_major(3000, 1500, gen).to(torch.bfloat16)
     x = torch.randn(BF16_VIA_FP32_MIN_ROWS, 3000, generator=gen).to(torch.bfloat16)
-    p = Projection({"w": W}, "w", BF16, mode)
+    p = gemm_only(Projection({"w": W}, "w", BF16, mode))
     spy = p._fp32_linear = Spy(p._fp32_linear)
     with _testing.force_cpu_isa(cpu_isa):
         y = p(x)
@@ -113,7 +139,7 @@ def test_bf16_fp32_tiles_fall_back_to_torch_matmul():
     gen = torch.Generator().manual_seed(13)
     W = column_major(64, 40, gen).to(torch.bfloat16)
     x = torch.randn(BF16_VIA_FP32_MIN_ROWS + 3, 64, generator=gen).to(torch.bfloat16)
-    p = Projection({"w": W}, "w", BF16, "auto")
+    p = gemm_only(Projection({"w": W}, "w", BF16, "auto"))
     assert p._bf16_seq
     spy = p._fp32_linear = Spy(None, fail=True)
     with _testing.force_cpu_isa("scalar"):
@@ -128,7 +154,7 @@ def test_onednn_failure_falls_back_to_torch_matmul():
     """A oneDNN build that raises for a product leaves the projection on ``x @ W`` for good."""
     gen = torch.Generator().manual_seed(9)
     W, x = column_major(64, 40, gen), torch.randn(3, 64, generator=gen)
-    p = Projection({"w": W}, "w", FP32, "auto")
+    p = gemm_only(Projection({"w": W}, "w", FP32, "auto"))
     calls = []
 
     def failing(*args):

@@ -159,10 +159,10 @@ def test_env_sets_the_read_order_and_ignores_invalid_values():
     code = "import rwkv.ops as o; print(o.cpu_read_order())"
     for order in ("sequential", "streams"):
         assert run_python(code, RWKV_CPU_READ_ORDER=order).stdout.strip() == order
-    # "pairs", the old name of streams, still selects it.
+    # "pairs" is accepted as another name of streams.
     assert run_python(code, RWKV_CPU_READ_ORDER="pairs").stdout.strip() == "streams"
     automatic = run_python(code, RWKV_CPU_READ_ORDER="").stdout.strip()
-    # sequential on AMD CPUs with AVX-512 (Zen 4), where it was measured faster; streams elsewhere,
+    # sequential on AMD CPUs with AVX-512 (Zen 4), where it reads faster; streams elsewhere,
     # AVX2-only AMD CPUs (Zen 3) included.
     vendor = _cpuinfo("vendor_id")
     zen4 = vendor == "AuthenticAMD" and "avx512" in _testing.supported_cpu_isas()

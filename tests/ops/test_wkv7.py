@@ -30,12 +30,13 @@ def check(fn, T, H, N, rng, device="cpu"):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("T,H,N", [(1, 1, 1), (1, 2, 64), (6, 3, 20), (19, 2, 33)])
+@pytest.mark.parametrize("T,H,N", [(1, 1, 1), (1, 2, 64), (6, 3, 20), (19, 2, 33),
+                                   (3, 2, 32), (2, 2, 128), (2, 1, 256)])  # RWKV-7 head sizes
 def test_wkv7_matches_reference(device, impl, T, H, N, rng):
     check(implementation(OP, impl, device), T, H, N, rng, device)
 
 
-@pytest.mark.parametrize("T,H,N", [(1, 4, 64), (5, 2, 24), (3, 3, 7)])
+@pytest.mark.parametrize("T,H,N", [(1, 4, 64), (5, 2, 24), (3, 3, 7), (2, 2, 128), (1, 1, 256)])
 def test_wkv7_isa(cpu_isa, T, H, N, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):

@@ -55,7 +55,8 @@ def test_wkv7_block_matches_spec(impl, dtype, first_layer, T, H, N, rng):
 
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=ACT_IDS)
 @pytest.mark.parametrize("first_layer", [False, True])
-@pytest.mark.parametrize("T,H,N", [(1, 4, 64), (3, 3, 7), (2, 2, 40), (3, 2, 32)])  # N % 16 == 0: streamed rows
+@pytest.mark.parametrize("T,H,N", [(1, 4, 64), (3, 3, 7), (2, 2, 40), (3, 2, 32),  # N % 16 == 0: streamed rows
+                                   (2, 2, 128), (1, 1, 256)])
 def test_wkv7_block_isa(cpu_isa, dtype, first_layer, T, H, N, rng):
     fn = compiled_or_skip(OP)
     with _testing.force_cpu_isa(cpu_isa):

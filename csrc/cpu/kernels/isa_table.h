@@ -7,6 +7,7 @@
 #include "cpu/kernel_table.h"
 #include "cpu/kernels/convert.h"
 #include "cpu/kernels/linear.h"
+#include "cpu/kernels/linear_rows.h"
 #include "cpu/kernels/ln_mix.h"
 #include "cpu/kernels/maa_mix.h"
 #include "cpu/kernels/mm8.h"
@@ -45,6 +46,8 @@ void fill_kernel_table(KernelTable* table) {
   table->bf16_round = &bf16_round<V>;
   table->linear_one_bf16 = &linear_one<V, uint16_t>;
   table->linear_one_f32 = &linear_one<V, float>;
+  table->linear_rows_bf16 = &linear_rows<V, uint16_t>;
+  table->linear_rows_f32 = &linear_rows<V, float>;
   if constexpr (HasBf16Dot<V>::value) {
     table->linear_one_bf16x = &linear_one_bf16x<V>;
   } else {

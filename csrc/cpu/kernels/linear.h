@@ -48,8 +48,7 @@ inline void linear_columns(int64_t N, int64_t m, int64_t stride, const float* x,
 // products (the rows are the rank: RWKV-6's time_decay_w2 64, RWKV-7's w2, a2, v2, g2 64-256 at
 // 1.5B, 8-24 in the benchmark's checkpoints). Summing each column into one float costs a
 // horizontal sum of a register (~8 instructions) plus a scalar loop over the rows past the last
-// whole register, so per byte read such columns ran compute-bound: fp32 [16, 2048] took 15 us
-// from DRAM (8.8 GB/s), [12, 2048] 24 us (4.1 GB/s).
+// whole register, so per byte read such columns run compute-bound, far below the memory's rate.
 
 // A short column's dot product, summed lane-wise in one register a step at a time: fp32 x with
 // weights T (fp32, or bf16 widened in registers), V::width values a step; the last N % width
@@ -93,9 +92,8 @@ inline void linear_short_columns(int64_t N, int64_t m, const typename D::X* x,
 // (streams.h): stream s reads groups s*L .. s*L + L - 1 one column after another, the 4 streams
 // a step each in turn, sharing each load of x and prefetching kAhead bytes ahead (once per
 // 64-byte line). Each column's register and each group's reduction as linear_short_columns
-// forms them: the same bits. One stream per thread without software prefetch (the order before)
-// read a 1.5B RWKV-7's second factors (fp32, K = 96/96/64/256, 4.19 MB a layer) from DRAM at
-// ~25 GB/s, where long columns read ~33; as 4 streams 2 KiB ahead ~29-30 (docs/kernels.md).
+// forms them: the same bits. One stream per thread without software prefetch reads these short
+// columns well below the long columns' rate; the 4 streams bring them close to it (docs/kernels.md).
 template <class V, class D, int64_t kAhead>
 inline void linear_short_streams(int64_t N, int64_t m, int64_t L, const typename D::X* x,
                                  const typename D::T* w, float* y) {
@@ -142,11 +140,9 @@ inline int64_t short_column_groups(int64_t N, int64_t m0, int64_t m1, bool seque
 
 // Output columns [m0, m1): short columns in groups of W (short_column_groups; a last partial
 // group as below), else one column after another (sequential: one sequential stream per thread,
-// what AMD Zen 4 streams fastest, e.g. bf16 2048x8192 on one thread 20-22 vs 14-16 GB/s) or 4
-// streams (streams.h) with a software prefetch 2 KiB ahead (the twenty-fifth session's Intel
-// Xeon, against the 4 adjacent columns without prefetch before, per-token A/B in one process,
-// 1.5b v6: `cpu fp32` on avx512bf16 ~-13 ms per token of ~215, `cpu bf16` on the avx512 and avx2
-// kernels ~-25 of ~120; docs/kernels.md).
+// what AMD Zen 4's hardware prefetcher streams fastest) or 4 streams (streams.h) with a software
+// prefetch 2 KiB ahead (faster than 4 adjacent columns elsewhere, since each stream's prefetch
+// then runs on into its own next column; docs/kernels.md).
 template <class V, class T>
 void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, float* y,
                 bool sequential) {
@@ -160,8 +156,8 @@ void linear_one(int64_t N, int64_t m0, int64_t m1, const float* x, const T* w, f
 }
 
 // linear_one with bf16 x and bf16 weights, for Vec policies with bf16 dot products
-// (V::bf16_columns, V::Bf16ShortDot): the same orders, the streams prefetching 1 KiB ahead
-// (1.5b v6 `cpu bf16` ~-24 ms per token of ~115 against the 4 adjacent columns before).
+// (V::bf16_columns, V::Bf16ShortDot): the same orders, the streams prefetching 1 KiB ahead (half
+// the fp32 distance: a bf16 step covers half the bytes).
 template <class V>
 void linear_one_bf16x(int64_t N, int64_t m0, int64_t m1, const uint16_t* x, const uint16_t* w,
                       float* y, bool sequential) {

@@ -15,8 +15,8 @@
 // path sums it in one, so a row's bits do not depend on the path). For each group and mix, the
 // kernel copies the mix's D rows of w2 for the group into a small fp32 block, which stays in L1
 // for all the rows, and takes kMaaTokens rows at a time: each load of w2 feeds that many rows'
-// fma chains, held in registers (1.5B RWKV-6, 512 rows: ~4.5 ms a layer; ~14 ms with a row at a
-// time over chunks of channels, its sums loaded and stored at every step).
+// fma chains, held in registers (a row at a time over chunks of channels would load and store
+// its sums at every step, about three times slower).
 //
 // One token (maa_half_sums, then maa_finish): w2 seen as [n*D, C] is read by half-mixes (the
 // rows of one half of one mix), so each thread reads one run of whole consecutive rows. Split by
@@ -100,8 +100,7 @@ constexpr int64_t kMaaPackRows = 128;
 // Every row of mix i on NV registers of channels at c. Mix i's rows of w2 for these channels
 // are first copied next to each other, in fp32: in place they lie C elements apart, and with C
 // a multiple of 1024 they all fall in the same set of the L1 cache, which holds 8 or 12 of the
-// D rows, so each would come from L2 again for every kMaaTokens rows (1.5B, 512 rows: ~6.5
-// against ~4.5 ms a layer).
+// D rows, so each would come from L2 again for every kMaaTokens rows.
 template <class V, int NV, class W>
 inline void maa_mix_column(int64_t T, int64_t C, int64_t n, int64_t D, int64_t i, int64_t c,
                            const float* xx, const float* sx, const float* zt, const W* w2,
@@ -158,9 +157,9 @@ void maa_mix(int64_t T, int64_t C, int64_t n, int64_t D, int64_t c0, int64_t c1,
   }
 }
 
-// maa_half_sums' software prefetch distance on each of its row streams (from DRAM, with
-// 1.5B RWKV-6 shapes, maa_lora_one: bf16 66-67 -> 60-61 us, fp32 98-101 -> 94-97 us a call;
-// the hardware prefetchers start afresh on every 4 KiB page of the four rows).
+// maa_half_sums' software prefetch distance on each of its row streams: the hardware
+// prefetchers start afresh on every 4 KiB page of the four rows, so a prefetch ahead covers
+// each page's start.
 constexpr int64_t kAheadBytes = 2048;
 
 // One token: for half-mixes [u0, u1) (u = 2i + half), acc[u, :] = the fma chain, from zero, of

@@ -167,9 +167,8 @@ float mm8_quantize_i16(int64_t N, int64_t n_pad, const float* xs, int16_t* xq) {
 // xq . q[:, c], Dot16::kStep bytes per step, then the same epilogue as mm8_columns with dot =
 // scale * (float)sum. kAhead > 0 adds a software prefetch that many bytes ahead on each column
 // stream, one per 64-byte line of the step (with avx512vnni's 128-byte steps a prefetch of only
-// the first line per step left every other line to the hardware: 2048x8192 from DRAM 27.3-27.8
-// against 29.3-29.8 GB/s on the twenty-first session's Intel Xeon); past a column's end it
-// reaches into the next column, which mm8_i16's streams read next.
+// the first line per step leaves every other line to the hardware and reads slower); past a
+// column's end it reaches into the next column, which mm8_i16's streams read next.
 template <class V, int B, int64_t kAhead>
 inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t* xq,
                             const uint8_t* q, float scale, const float* sums, const float* rx,
@@ -215,15 +214,10 @@ inline void mm8_i16_ordered(int64_t N, int64_t m0, int64_t m1, const int16_t* xq
 
 // Columns [m0, m1) in one of two memory orders (the results are identical: the dots are exact).
 // sequential: one column after another, no software prefetch, so each thread reads one
-// sequential stream (what AMD Zen 4's hardware prefetcher streams best: 2048x8192, 2 threads,
-// 48 vs 21 GB/s). Otherwise 4 streams over the range's quarters (streams.h) with a software
-// prefetch 1 KiB ahead, or 3 KiB for columns longer than 2 KiB (the FFN value's row slabs, K =
-// 3584 or 4096). On the twenty-fifth session's Intel Xeon, against the earlier orders (column
-// pairs 2 KiB ahead; the long columns 4 adjacent at a time), per-token A/B in one process, 1.5b:
-// v6 `cpu fp32i8` -2.4 ms per token of ~54 for the K = 2048 part and -0.9 more for the long
-// columns, v7 -2.8 of 50, v4 -2.7 of 60, v6 `cpu bf16i8` -3.5; the avx2 and avx512 kernels -3.7
-// and -3.4; the benchmark's 1 GiB int8 harness 29.7 -> 31.2 GB/s (the fp32 kernel's 31.7).
-// docs/kernels.md has the measurements and the orders tried.
+// sequential stream (what AMD Zen 4's hardware prefetcher streams best). Otherwise 4 streams over
+// the range's quarters (streams.h) with a software prefetch 1 KiB ahead, or 3 KiB for columns
+// longer than 2 KiB (the FFN value's row slabs, K = 3584 or 4096), so each prefetch lands in the
+// stream's own next column. docs/kernels.md describes the orders and why.
 template <class V>
 void mm8_i16(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q, float scale,
              const float* sums, const float* rx, const float* mx, float* y, bool sequential) {

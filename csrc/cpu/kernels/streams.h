@@ -2,9 +2,9 @@
 // one column after another (the `sequential` read order, AMD), or else B streams over B equal parts of the columns a
 // call gets, stream b reading part b's columns one after another, so each stream is one run of
 // consecutive memory, and a software prefetch a fixed distance ahead in a stream runs on into its
-// next column. The B streams advance a step each in turn and share each load of x. On the
-// twenty-fifth session's Intel Xeon this read faster than B adjacent columns at a time (whose
-// streams' prefetches land in one another's columns) for every weight dtype: docs/kernels.md.
+// next column. The B streams advance a step each in turn and share each load of x. B adjacent
+// columns at a time would read slower: their prefetches land in one another's columns
+// (docs/kernels.md).
 #pragma once
 
 #include <cstdint>

@@ -5,8 +5,8 @@
 // kernel reads x as it is: per 32 weights one load of w, one of x and one vdpbf16ps, which adds
 // the two products of each pair of bf16 values to one fp32 lane (each product exact in fp32,
 // each addition rounded to nearest even, as an FMA would). avx512 widens each weight to fp32 and
-// multiplies in fp32, three times the instructions; it was the limit of `cpu bf16` decode where
-// memory is fast (RESULTS.md). The sums differ from avx512's in their order (fp32-accurate
+// multiplies in fp32, three times the instructions, which bounds `cpu bf16` decode where
+// memory is fast. The sums differ from avx512's in their order (fp32-accurate
 // either way), and vdpbf16ps treats subnormal inputs and results as zero.
 #pragma once
 
@@ -24,7 +24,7 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
   // y[m + b] = x . w[:, m + b] for b < B, x and w bf16, N elements per column (column m at
   // w + m*N). Each column sums in two fp32 accumulators, 32 values each per step of 64 (one
   // would bound the loop by the instruction's latency; four, or steps of 128, read memory
-  // slower: RESULTS.md), then a last block of 32 into the first and the tail, by masked loads
+  // slower), then a last block of 32 into the first and the tail, by masked loads
   // (no element past N is read), into the next; then the two added: the same order for every B,
   // so the read orders give the same bits. The B columns are m, m + stride, ...; kAhead > 0: a
   // software prefetch of both lines of each step that many bytes ahead on each column stream.

@@ -263,7 +263,7 @@ def test_emulated_ln_mix(emu_lib, T, C, n, lerp, dtype, emu_gen):
 @needs_emu
 @pytest.mark.parametrize("dtype", ACT_DTYPES, ids=str)
 @pytest.mark.parametrize("first_layer", [False, True], ids=["later", "first"])
-@pytest.mark.parametrize("T,H,N", [(1, 2, 64), (3, 3, 20), (2, 1, 33)])
+@pytest.mark.parametrize("T,H,N", [(1, 2, 64), (3, 3, 20), (2, 1, 33), (2, 2, 32), (1, 2, 128), (2, 1, 256)])
 def test_emulated_wkv7_block(emu_lib, T, H, N, first_layer, dtype, emu_gen):
     gen, C = emu_gen, H * N
     state = rand((H, N, N), gen)

@@ -1,0 +1,195 @@
+"""Aggregate decode throughput of the batched engine against single-sequence decoding, in ONE run.
+
+    python benchmarks/bench_batch.py [--sizes 0.1b,1.5b] [--versions 7,6]
+        [--strategies "cpu fp32,cpu bf16,cpu fp32i8"] [--batches 1,2,4,8,16,32,64]
+        [--steps 5] [--threads 2] [--json out.jsonl]
+
+For each seeded random-weight checkpoint (benchmarks/bench_model.py's shapes) and strategy, and
+each batch size B: B sequences in a ``BatchDecoder`` advance one token per step, together; the
+row gives the median step time and the aggregate tokens/s (B / step). Beside it, in the same run
+and right before the row, the same model decodes single-sequence ``forward`` calls one token at
+a time (the upstream-style loop, the one-token fast path): B sequential calls give B tokens in B
+times one call's time, so their tokens/s is 1 / (median call time) whatever B is.
+
+Each row also shows its floors, measured in the same run:
+- bandwidth floor: the bytes a step must read (every weight once, the embedding's B rows, and the
+  B states read and written) over the read bandwidth measured right before the row (the best of
+  3 sums over 1 GiB in huge pages);
+- compute floor: the step's multiply-adds (2 * B * N * M over every matrix) at the rate torch's
+  own GEMM reaches in that run for the strategy's activation dtype on a compute-bound product of
+  the model's width ([256, C] @ [C, 4C]; int8 strategies at the fp32 rate, the dtype their
+  several-row products compute in);
+and ``x floor``: the step time over the larger floor.
+
+The last lines compare B = 8 with B = 1 (aggregate tokens/s), per model and strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_model import AdjacentBandwidth, bench_checkpoint  # noqa: E402
+from benchmarks.common import emit, header  # noqa: E402
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one step reads (the embedding excluded: rows, counted per sequence)."""
+    return sum(t.numel() * t.element_size() for k, t in model.w.items() if k != "emb.weight")
+
+
+def state_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.generate_zero_state())
+
+
+def matrix_shapes(model) -> list:
+    """(N, M) of every matrix product of one token (2-D weights; row slabs counted whole)."""
+    shapes = []
+    for k, t in model.w.items():
+        if k == "emb.weight" or t.dim() < 2 or k.endswith(("_mx", "_rx", "_my", "_ry")):
+            continue
+        if t.dim() == 3 and "time_maa_w2" not in k:  # row slabs [S, N/S, M]
+            shapes.append((t.shape[0] * t.shape[1], t.shape[2]))
+        elif t.dim() == 3:  # RWKV-6's maa_w2 [5, D, C]: five [D, C] products
+            shapes += [(t.shape[1], t.shape[2])] * t.shape[0]
+        else:
+            shapes.append((t.shape[0], t.shape[1]))
+    return shapes
+
+
+def gemm_rate(dtype: torch.dtype, C: int, device: str = "cpu") -> float:
+    """Multiply-adds x2 per second of torch's GEMM on [256, C] @ [C, 4C] in dtype (best of 5)."""
+    a = torch.randn(256, C).to(dtype=dtype, device=device)
+    w = torch.randn(C, 4 * C).to(dtype=dtype, device=device)
+    a @ w
+    best = float("inf")
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        a @ w
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 256 * C * 4 * C / best
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (a step's time then includes its kernels)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_single(model, calls: int) -> float:
+    """Median seconds of one single-sequence one-token forward (after 3 warm-up tokens)."""
+    V = model.args.vocab_size
+    g = torch.Generator().manual_seed(1)
+    toks = torch.randint(0, V, (calls + 3,), generator=g).tolist()
+    _, st = model.forward([toks[0]], None)
+    for t in toks[1:3]:
+        _, st = model.forward([t], st)
+    times = []
+    sync()
+    for t in toks[3:]:
+        t0 = time.perf_counter()
+        _, st = model.forward([t], st)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_batch(model, B: int, steps: int) -> float:
+    """Median seconds of one BatchDecoder step over B sequences (after 2 warm-up steps)."""
+    from rwkv.engine import BatchDecoder
+
+    V = model.args.vocab_size
+    eng = BatchDecoder(model, B)
+    handles = [eng.add(state=None) for _ in range(B)]
+    g = torch.Generator().manual_seed(B)
+    times = []
+    for i in range(steps + 2):
+        feed = dict(zip(handles, torch.randint(0, V, (B,), generator=g).tolist()))
+        sync()
+        t0 = time.perf_counter()
+        eng.step(feed)
+        sync()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(path: Path, size: str, version: str, strategy: str, batches: list, steps: int, bw: AdjacentBandwidth,
+          rows: list) -> None:
+    from rwkv.model import RWKV
+
+    model = RWKV(str(path), strategy, verbose=False)
+    C = model.args.n_embd
+    act = torch.bfloat16 if "bf16" in strategy else torch.float16 if "fp16" in strategy else torch.float32
+    rate = gemm_rate(act, C, "cuda" if strategy.startswith("cuda") else "cpu")
+    shapes = matrix_shapes(model)
+    wbytes, sbytes = weight_bytes(model), state_bytes(model)
+    emb_row = C * model.w["emb.weight"].element_size()
+    for B in batches:
+        single = time_single(model, max(4, min(B, 8)))
+        gbps = bw.measure()
+        step = time_batch(model, B, steps)
+        bw_floor = (wbytes + B * (emb_row + 2 * sbytes)) / (gbps * 1e9)
+        compute_floor = sum(2 * B * n * m for n, m in shapes) / rate
+        row = {"size": size, "version": version, "strategy": strategy, "B": B, "step_ms": step * 1e3,
+               "batch_tps": B / step, "sequential_tps": 1 / single, "speedup": single * B / step,
+               "bw_floor_ms": bw_floor * 1e3, "compute_floor_ms": compute_floor * 1e3,
+               "x_floor": step / max(bw_floor, compute_floor), "read_GBps": gbps, "gemm_GFLOPs": rate / 1e9}
+        rows.append(row)
+        emit(row)
+        print(f"  {size} v{version} {strategy:<11} B={B:<3} step {step * 1e3:8.1f} ms  batch {B / step:8.1f} tok/s  "
+              f"sequential {1 / single:7.1f} tok/s  x{single * B / step:5.2f}  floors bw {bw_floor * 1e3:7.1f} "
+              f"compute {compute_floor * 1e3:7.1f} ms  step/floor {row['x_floor']:.2f}", flush=True)
+    del model
+    gc.collect()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="0.1b,1.5b")
+    p.add_argument("--versions", default="7,6")
+    p.add_argument("--strategies", default="cpu fp32,cpu bf16,cpu fp32i8")
+    p.add_argument("--batches", default="1,2,4,8,16,32,64")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workdir", default=None, help="where the checkpoints are written (default: a temp dir)")
+    ns = p.parse_args(argv)
+    torch.set_num_threads(ns.threads)
+    torch.set_grad_enabled(False)
+    batches = [int(b) for b in ns.batches.split(",")]
+    emit(header("bench_batch", threads=ns.threads))
+    bw = AdjacentBandwidth()
+    rows: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(ns.workdir or tmp)
+        for size in ns.sizes.split(","):
+            for version in ns.versions.split(","):
+                path = bench_checkpoint(work, size, version)
+                for strategy in [s.strip() for s in ns.strategies.split(",")]:
+                    bench(path, size, version, strategy, batches, ns.steps, bw, rows)
+    print("\nB = 8 against B = 1 (aggregate tokens/s):")
+    for key in dict.fromkeys((r["size"], r["version"], r["strategy"]) for r in rows):
+        by_b = {r["B"]: r for r in rows if (r["size"], r["version"], r["strategy"]) == key}
+        if 1 in by_b and 8 in by_b:
+            print(f"  {key[0]} v{key[1]} {key[2]:<11} {by_b[8]['batch_tps'] / by_b[1]['batch_tps']:.2f}x")
+    worst = max(rows, key=lambda r: r["x_floor"]) if rows else None
+    if worst:
+        print(f"largest step/floor: {worst['x_floor']:.2f} ({worst['size']} v{worst['version']} "
+              f"{worst['strategy']} B={worst['B']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
