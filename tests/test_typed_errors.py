@@ -273,3 +273,19 @@ def test_json_header_helper_is_strict_about_offsets(tmp_path):
     path.write_bytes(len(body).to_bytes(8, "little") + body + data[8 + n:])
     with pytest.raises(CheckpointError, match="not valid JSON with data_offsets"):
         RWKV(str(path), "cpu fp32", verbose=False)
+
+
+@pytest.mark.parametrize("version", ["5.2", "7"])
+def test_the_batched_and_upstream_v7_entry_points_accept_non_contiguous_states(models, version):
+    from rwkv.engine import forward_batch
+
+    model = models[version]
+    _, state = model.forward([1, 2, 3], None)
+    other = [_other_layout(t) for t in state]
+    want, _ = forward_batch(model, [[4], [5]], [list(state), None])
+    got, _ = forward_batch(model, [[4], [5]], [other, None])
+    assert torch.equal(got, want)
+    x = model.z["emb.weight"][4]
+    want, _ = model.forward_one_alt(x, list(state))
+    got, _ = model.forward_one_alt(x, other)
+    assert torch.equal(got, want)
