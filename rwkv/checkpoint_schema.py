@@ -155,7 +155,7 @@ def model_specs(info, sd: dict) -> dict:
 
 
 def _no_ones(shape) -> tuple:
-    return tuple(int(s) for s in shape if s != 1)
+    return tuple(s for s in shape if s != 1)
 
 
 def _numel(shape) -> int:
@@ -178,7 +178,7 @@ def _check_raw(path: str, key: str, t: torch.Tensor, spec: Spec) -> None:
     elif spec.kind == FLAT:
         if t.numel() != _numel(spec.shape):
             raise _shape_error(path, key, t, spec.shape, " (any layout of that many elements)")
-    elif _no_ones(t.shape) != _no_ones(spec.shape) or any(isinstance(d, str) for d in spec.shape):
+    elif any(isinstance(d, str) for d in spec.shape) or _no_ones(t.shape) != _no_ones(spec.shape):
         raise _shape_error(path, key, t, spec.shape)
 
 

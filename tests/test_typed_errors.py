@@ -289,3 +289,12 @@ def test_the_batched_and_upstream_v7_entry_points_accept_non_contiguous_states(m
     want, _ = model.forward_one_alt(x, list(state))
     got, _ = model.forward_one_alt(x, other)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("version,key,shape", [("6", "blocks.1.att.time_maa_w2", (160,)),
+                                               ("7", "blocks.0.att.g2", (0,))])
+def test_a_low_rank_factor_without_its_width_is_named(tmp_path, version, key, shape):
+    sd = make_checkpoint(version, **TINY)
+    sd[key] = torch.zeros(shape)
+    with pytest.raises(CheckpointError, match=re.escape(f"{key} has shape {list(shape)}, expected [")):
+        _load(tmp_path, sd)
