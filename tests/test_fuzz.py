@@ -30,6 +30,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from rwkv.loading import CheckpointError, check_finite, inspect_checkpoint
 from rwkv.sampling import sample_logits
 from rwkv.strategy import StrategyError, parse_strategy, plan_layers
 from tests._child import ROOT
@@ -89,12 +90,7 @@ def base_files():
 
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8, torch.complex64]
-_mutation = st.one_of(
-    st.tuples(st.just("truncate"), st.floats(0.02, 0.9999)),
-    st.tuples(st.just("cut_tail"), st.integers(1, 5000)),
-    st.tuples(st.just("append"), st.binary(min_size=1, max_size=64)),
-    st.tuples(st.just("flip_head"), st.lists(st.integers(0, 8 * 600 - 1), min_size=1, max_size=4)),
-    st.tuples(st.just("flip_tail"), st.lists(st.integers(0, 8 * 600 - 1), min_size=1, max_size=4)),
+_KEY_MUTATIONS = (
     st.tuples(st.just("delete"), st.integers(0, 10**6)),
     st.tuples(st.just("add"), st.sampled_from(["blocks.0.att.extra", "blocks.2.ln1.weight", "blocks.x.y", "z",
                                                "blocks.-1.ln1.weight", "blocks.99999999999.a"])),
@@ -102,7 +98,15 @@ _mutation = st.one_of(
     st.tuples(st.just("reshape"), st.integers(0, 10**6),
               st.lists(st.integers(0, 70), min_size=0, max_size=3), st.sampled_from(_DTYPES)),
     st.tuples(st.just("value"), st.integers(0, 10**6), st.sampled_from([math.nan, math.inf, -math.inf, 1e38])),
-    st.tuples(st.just("squeeze_matrix"), st.integers(0, 10**6)),
+    st.tuples(st.just("flatten"), st.integers(0, 10**6)),
+)
+_mutation = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0.02, 0.9999)),
+    st.tuples(st.just("cut_tail"), st.integers(1, 5000)),
+    st.tuples(st.just("append"), st.binary(min_size=1, max_size=64)),
+    st.tuples(st.just("flip_head"), st.lists(st.integers(0, 8 * 600 - 1), min_size=1, max_size=4)),
+    st.tuples(st.just("flip_tail"), st.lists(st.integers(0, 8 * 600 - 1), min_size=1, max_size=4)),
+    *_KEY_MUTATIONS,
     st.tuples(st.just("not_a_dict"), st.sampled_from(["list", "tensor", "str", "nested"])),
 )
 _safetensors_mutation = st.one_of(
@@ -161,8 +165,9 @@ def _mutated_pth(raw: bytes, sd: dict, m) -> bytes | dict:
         t = sd[k].clone()
         t.view(-1)[m[1] % t.numel()] = m[2]
         sd[k] = t
-    elif kind == "squeeze_matrix":
-        k = [k for k in keys if k.endswith(".weight") and sd[k].dim() == 2][m[1] % 8]
+    elif kind == "flatten":  # any tensor of 2 or more dimensions (matrices, low-rank factors, r_k)
+        flat = [k for k in keys if sd[k].dim() >= 2]
+        k = flat[m[1] % len(flat)]
         sd[k] = sd[k].reshape(-1)
     elif kind == "not_a_dict":
         return {"list": [1, 2], "tensor": torch.zeros(2), "str": "x", "nested": {"a": {"b": torch.zeros(1)}}}[m[1]]
@@ -212,6 +217,26 @@ def test_fuzzed_checkpoint_files_load_or_raise_checkpoint_error(tmp_path, batch)
         cases.append((str(path), strategy))
     results = run_batch("checkpoints", {"cases": cases}, tmp_path)
     assert_allowed(results, [(c, b) for c, b in zip(cases, batch)], {"ok", "CheckpointError"})
+
+
+_dict_mutation = st.one_of(*_KEY_MUTATIONS)
+
+
+@settings(LOCAL, max_examples=40)
+@given(st.lists(st.tuples(st.sampled_from(VERSIONS), st.lists(_dict_mutation, min_size=1, max_size=3)),
+                min_size=10, max_size=10))
+def test_fuzzed_checkpoint_dicts_inspect_or_raise_checkpoint_error(batch):
+    """Key and shape mutations, several at once, straight into the checks (pure Python and torch, so
+    in process: many more cases than the file property)."""
+    for version, mutations in batch:
+        sd = base_files()[version][1]
+        for m in mutations:
+            sd = _mutated_pth(b"", sd, m)
+        try:
+            inspect_checkpoint(sd, "<fuzz>")
+            check_finite(sd, "<fuzz>")
+        except CheckpointError:
+            pass
 
 
 # -------------------------------------------------------------------------------- tokens and states
