@@ -8,18 +8,20 @@ PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 UPSTREAM := .upstream
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test setup build upstream clean bench eval
+.PHONY: demo test setup build upstream clean bench eval sanitize
 
 demo: setup
 	$(PY) -m rwkv.demo
 
 test: setup upstream
 	$(PY) -m pytest -q tests
+	$(MAKE) sanitize
 
 # Dependencies: pinned torch (a CPU build from local disk; any other spec downloads gigabytes).
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja nbclient nbformat ipykernel
+	$(PIP) install $(TORCH_PIN) numpy "tokenizers>=0.13.2" pytest safetensors ninja nbclient nbformat ipykernel \
+		hypothesis
 	$(PIP) install "fastapi>=0.110" "uvicorn>=0.29" "sse-starlette>=2.0" "prometheus-client>=0.20" \
 		"openai>=1.30" "httpx>=0.27" "ray[serve]>=2.40"
 	touch $@
@@ -40,6 +42,28 @@ build: $(VENV)/.editable
 
 setup: build
 
+# The extension built with AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/ (never in
+# place), then the op tests and one forward per version and strategy run on it. Python itself is not
+# instrumented, so the ASan runtime is preloaded; CPython's own allocations are not leaks to report
+# (detect_leaks=0). Every report is written under build-asan/reports/ and aborts its process; any
+# report fails the target.
+ASAN_DIR := build-asan
+SANITIZER_RUNTIME = $(shell $(CXX) -print-file-name=libasan.so) $(shell $(CXX) -print-file-name=libubsan.so)
+sanitize: $(VENV)/.editable
+	@mkdir -p $(ASAN_DIR)
+	@echo "building the sanitized rwkv._C into $(ASAN_DIR)/ (log: $(ASAN_DIR)/build.log)"
+	@RWKV_SANITIZE=1 RWKV_BUILD_CUDA=0 flock /tmp/rwkv-build.lock $(PY) setup.py build_ext \
+		--build-lib $(ASAN_DIR)/lib --build-temp $(ASAN_DIR)/tmp > $(ASAN_DIR)/build.log 2>&1 \
+		|| { tail -n 60 $(ASAN_DIR)/build.log; echo "sanitized build failed"; exit 1; }
+	@rm -rf $(ASAN_DIR)/reports && mkdir -p $(ASAN_DIR)/reports
+	LD_PRELOAD="$(SANITIZER_RUNTIME)" RWKV_TEST_EXTENSION_DIR=$(ASAN_DIR)/lib/rwkv \
+		ASAN_OPTIONS=detect_leaks=0:log_path=$(CURDIR)/$(ASAN_DIR)/reports/asan \
+		UBSAN_OPTIONS=print_stacktrace=1:log_path=$(CURDIR)/$(ASAN_DIR)/reports/ubsan \
+		$(PY) -m pytest -q -p no:cacheprovider tests/ops tests/test_forward_each_version.py; \
+		status=$$?; reports=$$(ls $(ASAN_DIR)/reports); \
+		if [ -n "$$reports" ]; then cat $(ASAN_DIR)/reports/*; echo "sanitizer reports: $$reports"; exit 1; fi; \
+		exit $$status
+
 # The upstream package, isolated in its own folder, used only by the compatibility tests and the
 # benchmarks (always run in a subprocess so it never meets our own `rwkv`).
 upstream: $(UPSTREAM)/rwkv/model.py
@@ -57,4 +81,4 @@ eval: setup upstream
 	$(PY) benchmarks/eval_ppl.py
 
 clean:
-	rm -rf build $(UPSTREAM) rwkv/*.so rwkv/_build_info.py
+	rm -rf build $(ASAN_DIR) $(UPSTREAM) rwkv/*.so rwkv/_build_info.py

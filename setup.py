@@ -11,6 +11,9 @@ rwkv/settings.py, BUILD_SETTINGS, and the README's build settings table):
   TORCH_CUDA_ARCH_LIST      CUDA architectures; default "7.5;8.0;8.6;8.9;9.0+PTX".
   MAX_JOBS                  parallel compile jobs (ninja); torch's default otherwise.
   DEBUG=1                   -O0 -g instead of -O3.
+  RWKV_SANITIZE=1           AddressSanitizer + UndefinedBehaviorSanitizer (-O1 -g), CPU only, and no
+                            rwkv/_build_info.py written: for ``make sanitize``, which builds into
+                            build-asan/ (never in place) and loads it only in its own test run.
 
 Supported install: ``pip install --no-build-isolation -e .`` (or without -e), so the extension is
 compiled against the torch you already have. There is no network access and no compiling at run time.
@@ -28,6 +31,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_EXT = os.environ.get("RWKV_BUILD_EXT", "1") != "0"
 BUILD_CUDA = os.environ.get("RWKV_BUILD_CUDA", "auto").lower()
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+SANITIZE = os.environ.get("RWKV_SANITIZE", "0") == "1"
 
 if BUILD_CUDA not in ("auto", "0", "1"):
     sys.exit(f"setup.py: RWKV_BUILD_CUDA must be auto, 0 or 1, got {BUILD_CUDA!r}")
@@ -69,7 +73,7 @@ def _extensions():
         sys.exit("setup.py: RWKV_BUILD_CUDA=1 but "
                  + ("nvcc was not found (set CUDA_HOME)" if not nvcc else
                     f"torch {torch.__version__} is a CPU-only build; install a CUDA build of torch"))
-    with_cuda = BUILD_CUDA == "1" or (BUILD_CUDA == "auto" and bool(nvcc) and torch_cuda)
+    with_cuda = not SANITIZE and (BUILD_CUDA == "1" or (BUILD_CUDA == "auto" and bool(nvcc) and torch_cuda))
 
     # The CPU glue (torch headers) and the torch-free ISA kernels. Each isa_<name>.cpp selects its
     # instruction set itself (see csrc/README.md), so one set of flags serves every file.
@@ -77,6 +81,11 @@ def _extensions():
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cpu", "kernels", "*.cpp")))
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]
+    # Every check aborts the process (-fno-sanitize-recover): one report fails the test run.
+    sanitize = (["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+                if SANITIZE else [])
+    if SANITIZE:
+        opt = ["-O1", "-g"] + sanitize
     cxx = opt + ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
     include_dirs = [os.path.join(ROOT, "csrc")]
     link = []
@@ -94,6 +103,7 @@ def _extensions():
         # the wrong facet and crashed the process. Hidden, the private copy is self-consistent.
         # Without static archives the flag changes nothing.
         link += PRIVATE_ARCHIVES
+    link += sanitize
     ext_kwargs = dict(include_dirs=include_dirs, extra_compile_args={"cxx": cxx}, extra_link_args=link)
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;8.9;9.0+PTX")
@@ -114,7 +124,7 @@ def _extensions():
         from setuptools import Extension
         exts.append(Extension("rwkv._tokenizer", tok_sources, include_dirs=include_dirs,
                               extra_compile_args=opt + ["-std=c++17", "-fvisibility=hidden"],
-                              extra_link_args=PRIVATE_ARCHIVES,
+                              extra_link_args=PRIVATE_ARCHIVES + sanitize,
                               language="c++"))
     info = {"ext": True, "cuda": with_cuda, "torch": torch.__version__,
             "torch_cuda": torch.version.cuda, "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST")}
@@ -131,6 +141,7 @@ def _write_build_info(info):
 
 
 ext_modules, cmdclass, build_info = _extensions()
-_write_build_info(build_info)
+if not SANITIZE:  # the sanitized build lives in its own folder; rwkv/_build_info.py is the normal build's
+    _write_build_info(build_info)
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -105,10 +105,9 @@ def _start_state(model, rt, state, where: str) -> list:
     if state is None:
         return rt.zero_state()
     try:
-        rt.validate_state(state)
+        return list(rt.validate_state(state))  # other layouts come back as contiguous copies
     except StateError as e:
         raise StateError(f"{where}: {str(e).removeprefix('RWKV.forward: ')}") from None
-    return list(state)
 
 
 def _unstack(batch: list, b: int) -> list:

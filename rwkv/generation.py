@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 import torch
 
 from .prefix_cache import CacheHit, PrefixCache, clone_state
-from .sampling import resolve_generator
+from .sampling import check_sampling_args, check_token_ban, resolve_generator
 
 __all__ = ["GenerationStream", "GenerationResult", "PrefixCache", "CacheHit", "clone_state"]
 
@@ -119,6 +119,10 @@ class GenerationStream:
         self._state = state
         self._stop = _StopMatcher(stop)
         self._generator = generator
+        # Checked before the prompt runs, so that bad arguments leave the caller's state untouched.
+        check_sampling_args(args.temperature, args.top_p, args.top_k)
+        vocab = getattr(pipeline, "model_vocab_size", lambda: None)()
+        self._banned = None if vocab is None else check_token_ban(args.token_ban, vocab)
         self._it = self._run()
 
     def __iter__(self):
@@ -188,7 +192,9 @@ class GenerationStream:
                 out, state = self._forward([token], state, res)
                 fed = len(all_tokens)
             logits = out.clone()
-            for n in args.token_ban:
+            if self._banned is None:  # a model that does not tell its vocabulary size
+                self._banned = check_token_ban(args.token_ban, logits.shape[-1])
+            for n in self._banned:
                 logits[n] = -float("inf")
             apply_penalties(logits, occurrence, args)
             token = pipe.sample_logits(logits, temperature=args.temperature, top_p=args.top_p,

@@ -8,6 +8,8 @@ per-layer weights a strategy asks for.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import pickle
 import zipfile
@@ -16,15 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from . import deep_embed
+from .checkpoint_schema import CheckpointError, check_keys_and_shapes
+from .files import read_bytes_to_memory, regular_file_size
 
 # Keys a pre-converted file (upstream's ``convert_and_save_and_exit``) carries besides tensors.
 CONVERTED_META_KEYS = ("_strategy", "_rescale_layer", "_version")
 
 SUPPORTED_VERSIONS = (4, 5, 5.1, 5.2, 6, 7)
-
-
-class CheckpointError(ValueError):
-    """The file is not a usable RWKV checkpoint (corrupt, wrong keys or shapes, unsafe pickle)."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,30 @@ def resolve_path(model: str | os.PathLike) -> str:
     return path
 
 
-def read_checkpoint(path: str) -> dict:
-    """Load a flat ``name -> Tensor`` dict without executing any pickled code."""
+def read_checkpoint(path: str, *, mmap: bool = False) -> dict:
+    """Load a flat ``name -> Tensor`` dict without executing any pickled code.
+
+    The file is read into memory and closed: nothing refers to it afterwards. ``mmap=True`` maps
+    zip-format ``.pth`` files instead (tensors are views of the file's pages; see ``open_checkpoint``)."""
+    return open_checkpoint(path, mmap=mmap)[0]
+
+
+def open_checkpoint(path: str, *, mmap: bool = True) -> tuple[dict, bool]:
+    """``(tensors, mapped)``: as ``read_checkpoint``; ``mapped`` says whether the tensors are views of a
+    mapping of the file, which the caller must copy out of (``copy_out_of_mapping``) before the file
+    may be rewritten: a file truncated under a mapping makes the next read of it fault (SIGBUS)."""
+    size = regular_file_size(path)
+    if size is None:
+        raise CheckpointError(f"RWKV: {path!r} is not a regular file (a device, FIFO or socket, or a link "
+                              "to one); a checkpoint must be a file")
+    if size == 0:
+        raise CheckpointError(f"RWKV: {path!r} is empty (0 bytes)")
     if path.endswith(".safetensors"):
-        return _read_safetensors(path)
+        return _read_safetensors(path, size), False
     try:
-        use_mmap = zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 files)
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
+        use_mmap = mmap and zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 files)
+        source = path if use_mmap else read_bytes_to_memory(path)
+        sd = torch.load(source, map_location="cpu", weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         detail = _unpickler_detail(e)
         if "GLOBAL" not in detail:
@@ -103,19 +120,61 @@ def read_checkpoint(path: str) -> dict:
             continue
         if not isinstance(v, torch.Tensor):
             raise CheckpointError(f"RWKV: {path!r}: entry {k!r} is a {type(v).__name__}, expected a Tensor")
-    return sd
+    return sd, use_mmap
 
 
-def _read_safetensors(path: str) -> dict:
+def copy_out_of_mapping(w: dict, sd: dict) -> int:
+    """Replace every CPU tensor of ``w`` whose memory lies in the file mapping that ``sd``'s tensors
+    (from ``open_checkpoint(..., mmap=True)``) view by a private copy with the same strides, so that
+    nothing refers to the file once ``sd`` is dropped. Returns the number of bytes copied."""
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in sd.values()
+             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().nbytes()]
+    if not spans:
+        return 0
+    lo, hi = min(p for p, _ in spans), max(p + n for p, n in spans)
+    copied = 0
+    for key, t in w.items():
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and lo <= t.untyped_storage().data_ptr() < hi:
+            w[key] = t.clone()  # dense tensors keep their strides (torch.preserve_format)
+            copied += t.numel() * t.element_size()
+    return copied
+
+
+def _read_safetensors(path: str, size: int) -> dict:
+    """The whole file is read into memory first (``safetensors.torch.load`` copies out of it), so no
+    tensor refers to the file afterwards."""
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load
     except ImportError:
         raise ImportError("RWKV: loading .safetensors needs the 'safetensors' package "
                           "(pip install safetensors)") from None
+    data = read_bytes_to_memory(path).getvalue()
+    _check_safetensors_header(path, data, size)
     try:
-        return dict(load_file(path, device="cpu"))
+        return dict(load(data))
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise CheckpointError(f"RWKV: {path!r} is not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _check_safetensors_header(path: str, data: bytes, size: int) -> None:
+    """The 8-byte header length and the JSON header's data offsets must account for the file's size."""
+    if len(data) != size:
+        raise CheckpointError(f"RWKV: {path!r} changed while it was read ({size} bytes, then {len(data)})")
+    if size < 8:
+        raise CheckpointError(f"RWKV: {path!r} is {size} bytes long, shorter than a safetensors header")
+    n = int.from_bytes(data[:8], "little")
+    if n > size - 8:
+        raise CheckpointError(f"RWKV: {path!r}: its safetensors header claims {n} bytes, but the file has "
+                              f"only {size - 8} after the length field (truncated or not safetensors)")
+    try:
+        header = json.loads(data[8:8 + n])
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"RWKV: {path!r}: its safetensors header is not valid JSON with data_offsets "
+                              f"({type(e).__name__}: {_first_line(e)})") from None
+    if end != size - 8 - n:
+        raise CheckpointError(f"RWKV: {path!r}: its safetensors header describes {end} bytes of tensor data, "
+                              f"but the file holds {size - 8 - n} (truncated or padded)")
 
 
 def _unpickler_detail(e: BaseException) -> str:
@@ -158,22 +217,17 @@ def detect_version(sd: dict) -> float:
     return 4
 
 
-def _require(sd: dict, key: str, shape: tuple | None, path: str) -> torch.Tensor:
+def _require(sd: dict, key: str, path: str) -> torch.Tensor:
     if key not in sd:
         raise CheckpointError(f"RWKV: {path!r} is missing the key {key!r}; is this an RWKV checkpoint "
                               "of the detected version?")
-    t = sd[key]
-    if shape is not None:
-        got = tuple(t.shape)
-        want_numel = 1
-        for s in shape:
-            want_numel *= s
-        # Raw files store time_* vectors as (1, 1, C); converted ones squeeze them. Compare modulo
-        # size-1 dimensions, and the transposed layout of converted matrices is handled by callers.
-        if tuple(s for s in got if s != 1) != tuple(s for s in shape if s != 1) or t.numel() != want_numel:
-            raise CheckpointError(f"RWKV: {path!r}: {key} has shape {list(got)}, expected {list(shape)}")
-    if not (t.is_floating_point() or t.dtype == torch.uint8):
-        raise CheckpointError(f"RWKV: {path!r}: {key} has dtype {t.dtype}, expected a floating-point tensor")
+    return sd[key]
+
+
+def _matrix(sd: dict, key: str, path: str) -> torch.Tensor:
+    t = _require(sd, key, path)
+    if t.dim() != 2:
+        raise CheckpointError(f"RWKV: {path!r}: {key} has shape {list(t.shape)}, expected a 2-D matrix")
     return t
 
 
@@ -189,21 +243,23 @@ def inspect_checkpoint(sd: dict, path: str = "<checkpoint>") -> ModelInfo:
     n_layer = max((x for x in layers if x is not None), default=-1) + 1
     if n_layer == 0:
         raise CheckpointError(f"RWKV: {path!r} has no 'blocks.N.*' keys: not an RWKV checkpoint")
+    present = {x for x in layers if x is not None}
+    if len(present) != n_layer:
+        gap = min(set(range(len(present) + 1)) - present)
+        raise CheckpointError(f"RWKV: {path!r} has keys of block {n_layer - 1} but none of block {gap}: the "
+                              f"blocks must be numbered 0..{n_layer - 1}")
     emb = sd["emb.weight"]
-    if emb.dim() != 2:
+    if emb.dim() != 2 or 0 in emb.shape:
         raise CheckpointError(f"RWKV: {path!r}: emb.weight must be 2-D (vocab, n_embd), got {list(emb.shape)}")
     vocab, C = emb.shape
-    key_w = sd.get("blocks.0.att.key.weight")
-    ffn_w = sd.get("blocks.0.ffn.key.weight")
-    if key_w is None or ffn_w is None:
-        raise CheckpointError(f"RWKV: {path!r} is missing blocks.0.att.key.weight or "
-                              "blocks.0.ffn.key.weight")
+    key_w = _matrix(sd, "blocks.0.att.key.weight", path)
+    ffn_w = _matrix(sd, "blocks.0.ffn.key.weight", path)
     # Raw files store (out, in); converted ones (in, out).
     n_att = key_w.shape[1] if converted else key_w.shape[0]
     n_ffn = ffn_w.shape[1] if converted else ffn_w.shape[0]
     n_head = head_size = None
     if version == 7:
-        r_k = _require(sd, "blocks.0.att.r_k", None, path)
+        r_k = _require(sd, "blocks.0.att.r_k", path)
         n_head, head_size = (r_k.shape if r_k.dim() == 2 else (None, None))
         if n_head is None or n_head * head_size != C:
             raise CheckpointError(f"RWKV: {path!r}: blocks.0.att.r_k has shape {list(r_k.shape)}, expected "
@@ -213,7 +269,7 @@ def inspect_checkpoint(sd: dict, path: str = "<checkpoint>") -> ModelInfo:
         src = sd.get(f"blocks.0.att.{bonus_key}") if version >= 6 else sd.get("blocks.0.att.time_decay")
         if src is None:
             raise CheckpointError(f"RWKV: {path!r} is missing blocks.0.att.{bonus_key if version >= 6 else 'time_decay'}")
-        n_head = src.shape[0]
+        n_head = src.shape[0] if src.dim() >= 1 else 0
         if n_head <= 0 or n_att % n_head:
             raise CheckpointError(f"RWKV: {path!r}: n_head {n_head} does not divide n_att {n_att}")
         head_size = n_att // n_head
@@ -229,57 +285,27 @@ def inspect_checkpoint(sd: dict, path: str = "<checkpoint>") -> ModelInfo:
     return info
 
 
-def _expected_shapes(info: ModelInfo, i: int) -> dict:
-    """Key suffix -> expected raw shape (out, in for matrices) for block i."""
-    C, A, F, V = info.n_embd, info.n_att, info.n_ffn, info.vocab_size
-    H, N = info.n_head, info.head_size
-    vec = (C,)
-    s = {"ln1.weight": vec, "ln1.bias": vec, "ln2.weight": vec, "ln2.bias": vec}
-    if info.version == 7:
-        for name in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "a0", "k_k", "k_a"):
-            s[f"att.{name}"] = vec
-        if i > 0:
-            s["att.v0"] = vec
-        s.update({"att.r_k": (H, N), "att.receptance.weight": (C, C), "att.key.weight": (C, C),
-                  "att.value.weight": (C, C), "att.output.weight": (C, C), "att.ln_x.weight": vec,
-                  "att.ln_x.bias": vec, "ffn.x_k": vec, "ffn.key.weight": (F, C), "ffn.value.weight": (C, F)})
-        if info.deep_embed:
-            s.update(deep_embed.expected_shapes(C, F, V, info.converted))
-        return s
-    s.update({"att.key.weight": (A, C), "att.value.weight": (A, C), "att.receptance.weight": (A, C),
-              "att.output.weight": (C, A), "ffn.key.weight": (F, C), "ffn.receptance.weight": (C, C),
-              "ffn.value.weight": (C, F)})
-    if info.version >= 5:
-        s.update({"att.ln_x.weight": (A,), "att.ln_x.bias": (A,)})
-    if info.version >= 5.1:
-        s["att.gate.weight"] = (A, C)
-    if info.version == 6:
-        for name in ("time_maa_x", "time_maa_w", "time_maa_k", "time_maa_v", "time_maa_r", "time_maa_g"):
-            s[f"att.{name}"] = vec
-        s.update({"ffn.time_maa_k": vec, "ffn.time_maa_r": vec})
-    else:
-        for name in ("time_mix_k", "time_mix_v", "time_mix_r") + (("time_mix_g",) if info.version >= 5.1 else ()):
-            s[f"att.{name}"] = vec
-        s.update({"ffn.time_mix_k": vec, "ffn.time_mix_r": vec})
-    return s
-
-
 def _validate_shapes(sd: dict, info: ModelInfo, path: str) -> None:
-    _require(sd, "ln_out.weight", (info.n_embd,), path)
-    _require(sd, "ln_out.bias", (info.n_embd,), path)
-    head = _require(sd, "head.weight", None, path)
-    if head.dim() != 2 or sorted(head.shape) != sorted((info.vocab_size, info.n_embd)):
+    head = sd.get("head.weight")
+    if isinstance(head, torch.Tensor) and head.dim() == 2 and sorted(head.shape) != sorted((info.vocab_size,
+                                                                                             info.n_embd)):
         raise CheckpointError(f"RWKV: {path!r}: head.weight has shape {list(head.shape)}, expected "
                               f"[{info.vocab_size}, {info.n_embd}]")
-    if not info.converted:
-        _require(sd, "blocks.0.ln0.weight", (info.n_embd,), path)
-        _require(sd, "blocks.0.ln0.bias", (info.n_embd,), path)
-    for i in range(info.n_layer):
-        for suffix, shape in _expected_shapes(info, i).items():
-            t = _require(sd, f"blocks.{i}.{suffix}", None, path)
-            if (t.dim() == 2 and info.converted and suffix.endswith(".weight") and "ln" not in suffix
-                    and suffix != deep_embed.TABLE):
-                shape = shape[::-1]  # converted files store matrices as (in, out); tables stay (V, 1024)
-            if t.dtype == torch.uint8:
-                continue  # int8 matrices of a converted file; their side tensors are checked at use
-            _require(sd, f"blocks.{i}.{suffix}", shape, path)
+    check_keys_and_shapes(sd, info, path, ignore=CONVERTED_META_KEYS)
+
+
+def check_finite(sd: dict, path: str) -> None:
+    """Every floating-point tensor holds only finite values (a NaN or inf weight makes every logit
+    NaN). ``torch.aminmax`` reads each tensor once without a temporary (NaN propagates into it, an
+    infinity is its min or max): several GB/s, where ``isfinite(t).all()`` manages a few hundred
+    MB/s. The position is looked for only when a tensor fails."""
+    for key, t in sd.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        lo, hi = torch.aminmax(t)
+        if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+            continue
+        flat = t.reshape(-1)
+        bad = int((~torch.isfinite(flat)).nonzero()[0, 0])
+        raise CheckpointError(f"RWKV: {path!r}: {key} holds a non-finite value "
+                              f"({float(flat[bad])} at flat index {bad}); the checkpoint is damaged")

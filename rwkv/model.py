@@ -19,7 +19,9 @@ from . import deep_embed, hugepages, ops, slabs
 from ._compat_env import read_env, resolve_kernels, resolve_rescale
 from .convert import (STREAM_NAMES, check_converted, convert_classic, convert_v7, converted_payload,
                       slot_of)
-from .loading import CheckpointError, ModelInfo, inspect_checkpoint, read_checkpoint, resolve_path
+from .files import save_atomic
+from .loading import (CheckpointError, ModelInfo, check_finite, copy_out_of_mapping, inspect_checkpoint,
+                      open_checkpoint, read_checkpoint, resolve_path)
 from .models.base import Runtime, StateError, TokenError
 from .models.common import _compiled
 from .models.cpu_graph import CPUGraphDecoder, want_graph
@@ -62,12 +64,15 @@ def _load(model, strategy, rescale_layer, kernels):
     env = read_env()
     strat = parse_strategy(strategy)
     path = resolve_path(model)
-    sd = read_checkpoint(path)
+    # Mapped, so that a model larger than the free memory still loads (pages are read as converted);
+    # RWKV() copies what it keeps out of the mapping (copy_out_of_mapping) before dropping it.
+    sd, mapped = open_checkpoint(path, mmap=True)
     info = inspect_checkpoint(sd, path)
+    check_finite(sd, path)
     plan = plan_layers(strat, info.n_layer)
     rescale = resolve_rescale(env, strat.normalized, info.version, rescale_layer)
     mode = resolve_kernels(env, kernels)
-    return env, strat, path, sd, info, plan, rescale, mode
+    return env, strat, path, sd, mapped, info, plan, rescale, mode
 
 
 def _convert(sd, info, plan, rescale, strategy_string, path):
@@ -151,15 +156,15 @@ def convert_checkpoint(model, strategy: str, out: str, *, rescale_layer: int | N
     """Write a pre-converted file for ``strategy`` (upstream's ``convert_and_save_and_exit`` format,
     loadable by upstream for v4/v5.x, and by us for every version including v6 and v7), without
     exiting the process. Returns the path written (``.pth`` appended when missing)."""
-    env, strat, path, sd, info, plan, rescale, _ = _load(model, strategy, rescale_layer, "reference")
+    env, strat, path, sd, _, info, plan, rescale, _ = _load(model, strategy, rescale_layer, "reference")
     if info.converted:
         raise CheckpointError(f"convert_checkpoint: {path!r} is already converted")
     w = _convert(sd, info, plan, rescale, strat.normalized, path)
     out = os.fspath(out).strip()
     if not out.endswith(".pth"):
         out += ".pth"
-    torch.save(converted_payload(w, strat.normalized, rescale), out)
-    return out
+    # A new file renamed into place: the source (possibly the same path) stays mapped and intact.
+    return save_atomic(converted_payload(w, strat.normalized, rescale), out)
 
 
 _NO_TOKENS = "RWKV.forward: tokens is empty; pass at least one token id"
@@ -201,7 +206,7 @@ class RWKV(torch.nn.Module):
             raise TypeError(f"RWKV: cuda_graph must be True or False, got {cuda_graph!r}")
         if exact_int8 is not None and not isinstance(exact_int8, bool):
             raise TypeError(f"RWKV: exact_int8 must be True, False or None, got {exact_int8!r}")
-        env, strat, path, sd, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
+        env, strat, path, sd, mapped, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
         use_cpu_graph = want_graph(cpu_graph, plan, mode, strat.normalized)
         if convert_and_save_and_exit is None:
@@ -215,15 +220,18 @@ class RWKV(torch.nn.Module):
                 print(f"Converted model: strategy {sd.get('_strategy')}, version {sd.get('_version')}\n")
             print(f"Model detected: {info.version_label}" + (" DeepEmbed" if info.deep_embed else ""))
         w = _convert(sd, info, plan, rescale, strat.normalized, path)
-        del sd
         if convert_and_save_and_exit:
             out = os.fspath(convert_and_save_and_exit).strip()
             out = out if out.endswith(".pth") else out + ".pth"
-            torch.save(converted_payload(w, strat.normalized, rescale), out)
+            save_atomic(converted_payload(w, strat.normalized, rescale), out)
             if verbose:
                 print(f"Saved converted model to {out}")
             sys.exit(0)  # upstream's behaviour; use rwkv.model.convert_checkpoint to keep running
         _place(w, plan, info.n_layer, tables_on_device=cuda_graph)
+        if mapped:
+            # Nothing kept may view the file: rewriting it while the model lives must not fault.
+            copy_out_of_mapping(w, sd)
+        del sd
         release_freed_memory()
         self.w = w
         self.info = info
@@ -265,8 +273,7 @@ class RWKV(torch.nn.Module):
             if state is None:
                 state_in = self._rt.zero_state()
             else:
-                self._rt.validate_state(state)
-                state_in = state
+                state_in = self._rt.validate_state(state)
             if self._graph is not None and (ids is None or ids.numel() == 1):
                 # one token: same result, logits [V]
                 token = one if ids is None else int(ids[0])
@@ -318,6 +325,7 @@ class RWKV(torch.nn.Module):
         ``state=None``. ``source`` is a path (.pth or .safetensors) or a dict of tensors."""
         if self.version == 4:
             raise ValueError("load_state_tuning: RWKV-4 has no matrix state to tune")
+        # Read into memory and closed: the file may be rewritten while the model uses the state.
         sd = read_checkpoint(resolve_path(source)) if not isinstance(source, dict) else source
         H, N, L = self.info.n_head, self.info.head_size, self.info.n_layer
         states = []
@@ -350,6 +358,10 @@ class RWKV(torch.nn.Module):
         return tokens
 
     def _token_ids(self, tokens) -> torch.Tensor:
+        """Ids as a [T] int64 CPU tensor. Accepted: an int, a list or tuple of ints, a 1-D integer numpy
+        array or an integer tensor (0-D or 1-D); anything else (dicts, sets, bytes, strings, iterators)
+        is a TokenError. Ranges are checked on the values as given, so an unsigned id that does not fit
+        int64 is reported as itself, not wrapped."""
         if isinstance(tokens, (bool, np.bool_)):
             raise TokenError(f"RWKV.forward: tokens must be token ids, got {tokens!r}")
         if isinstance(tokens, (int, np.integer)):
@@ -357,27 +369,35 @@ class RWKV(torch.nn.Module):
         if isinstance(tokens, torch.Tensor):
             if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
                 raise TokenError(f"RWKV.forward: tokens must be an integer tensor, got {tokens.dtype}")
-            ids = tokens.detach().reshape(-1).to(device="cpu", dtype=torch.long)
             if tokens.dim() > 1:
                 raise TokenError(f"RWKV.forward: tokens must be 1-D, got shape {list(tokens.shape)}")
-        elif isinstance(tokens, np.ndarray):
+            if tokens.layout != torch.strided or tokens.device.type not in ("cpu", "cuda"):
+                raise TokenError(f"RWKV.forward: tokens must be a dense CPU or CUDA tensor, got "
+                                 f"{tokens.layout} on {tokens.device}")
+            tokens = tokens.detach().reshape(-1).cpu()
+            if tokens.dtype in (torch.uint16, torch.uint32, torch.uint64):
+                tokens = tokens.numpy()  # torch has no min/max for these; numpy does, exactly
+            else:
+                ids = tokens.to(dtype=torch.long)
+        if isinstance(tokens, np.ndarray):
             if tokens.dtype.kind not in "iu" or tokens.ndim != 1:
                 raise TokenError(f"RWKV.forward: a numpy tokens array must be 1-D of integers, got "
                                  f"{tokens.dtype} with shape {list(tokens.shape)}")
-            ids = torch.from_numpy(tokens.astype(np.int64, copy=True))
-        else:
-            try:
-                seq = list(tokens)
-            except TypeError:
-                raise TokenError(f"RWKV.forward: tokens must be a list of token ids, got "
-                                 f"{type(tokens).__name__}") from None
-            for t in seq:
+            if tokens.size == 0:
+                raise TokenError(_NO_TOKENS)
+            self._check_id_range(int(tokens.min()), int(tokens.max()))  # before any cast to int64
+            return torch.from_numpy(tokens.astype(np.int64, copy=True))
+        if not isinstance(tokens, torch.Tensor):
+            if not isinstance(tokens, (list, tuple)):
+                raise TokenError(f"RWKV.forward: tokens must be a list of token ids (or a tuple, a 1-D "
+                                 f"integer numpy array or tensor), got {type(tokens).__name__}")
+            for t in tokens:
                 if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
                     raise TokenError(f"RWKV.forward: every token must be an int, got {t!r} "
                                      f"({type(t).__name__})")
-            if not seq:
+            if not tokens:
                 raise TokenError(_NO_TOKENS)
-            vals = [int(t) for t in seq]
+            vals = [int(t) for t in tokens]
             self._check_id_range(min(vals), max(vals))  # on Python ints: no tensor ops per token
             return torch.tensor(vals, dtype=torch.long)
         if ids.numel() == 0:

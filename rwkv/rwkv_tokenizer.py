@@ -185,12 +185,20 @@ class TRIE_TOKENIZER:
     # -- the upstream API -------------------------------------------------------------------------------
     def encodeBytes(self, src: bytes):
         """UTF-8 bytes -> token ids (greedy longest match)."""
-        if self._native is not None and isinstance(src, (bytes, bytearray, memoryview)):
+        if isinstance(src, memoryview):
+            # Its bytes, whatever its item format or shape (as bytes(src) and the C++ path read it),
+            # not its items: an int32 view's items are not bytes.
+            src = src.tobytes()
+        if self._native is not None and isinstance(src, (bytes, bytearray)):
             return self._native.encode(src)
         return self._encode_bytes_py(src)
 
     def decodeBytes(self, tokens):
         """Token ids -> bytes; ``KeyError`` for an unknown id, as upstream."""
+        if isinstance(tokens, memoryview):
+            if tokens.ndim != 1:
+                raise TypeError(f"decodeBytes: a memoryview of ids must be 1-D, got {tokens.ndim}-D")
+            tokens = tokens.tolist()
         if self._native is not None:
             if not isinstance(tokens, (list, tuple)):
                 tokens = list(tokens)

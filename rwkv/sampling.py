@@ -20,13 +20,18 @@ Extras (keyword-only): ``generator`` — ``None`` (upstream: global RNG), an ``i
 ``np.random.RandomState(seed)`` on CPU, so it equals ``np.random.seed(seed)`` + upstream; a
 ``torch.Generator`` seeded with it on other devices), a ``np.random.RandomState``/``Generator`` or a
 ``torch.Generator``; ``vocab_size`` — when given, logits must have exactly that many entries.
-Errors are ``ValueError``: logits not 1-D, wrong size, NaN, nothing finite, negative temperature.
+Errors are ``ValueError``: logits not 1-D, wrong size, NaN, nothing finite; a temperature that is
+negative, NaN or infinite, a top_p outside [0, 1] (or NaN), a top_k that is negative or fractional.
+Arguments that are not numbers are a ``TypeError``.
 """
+
+import math
+import operator
 
 import numpy as np
 import torch
 
-__all__ = ["sample_logits", "resolve_generator", "check_logits"]
+__all__ = ["sample_logits", "resolve_generator", "check_logits", "check_sampling_args", "check_token_ban"]
 
 _NUMPY_DEVICES = ("cpu", "privateuseone")
 
@@ -49,6 +54,49 @@ def check_logits(logits, vocab_size=None):
     return logits
 
 
+def _real(name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float("1") would parse a string
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}") from None
+
+
+def check_sampling_args(temperature, top_p, top_k) -> tuple[float, float, int]:
+    """``(temperature, top_p, top_k)`` as float, float, int, or ValueError naming the argument:
+    temperature must be finite and >= 0 (0 means greedy), top_p in [0, 1], top_k a whole number >= 0
+    (0 means no top-k cut; 5.0 is taken as 5, 5.5 is refused)."""
+    t, p, k = _real("temperature", temperature), _real("top_p", top_p), _real("top_k", top_k)
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
+    if not 0 <= p <= 1:  # NaN fails too
+        raise ValueError(f"top_p must be between 0 and 1 (the probability mass kept), got {top_p!r}")
+    if not (math.isfinite(k) and k >= 0 and k == int(k)):
+        raise ValueError(f"top_k must be a whole number >= 0 (0 means no top-k cut), got {top_k!r}")
+    return t, p, int(k)
+
+
+def check_token_ban(token_ban, vocab_size: int) -> list:
+    """The banned ids as ints, each in [-vocab_size, vocab_size) (negative ids count from the end, as
+    indexing does); ValueError naming the first bad one."""
+    try:
+        ids = list(token_ban)
+    except TypeError:
+        raise TypeError(f"token_ban must be a list of token ids, got {type(token_ban).__name__}") from None
+    out = []
+    for pos, n in enumerate(ids):
+        try:
+            i = operator.index(n)
+        except TypeError:
+            raise ValueError(f"token_ban[{pos}] must be an int token id, got {n!r}") from None
+        if not -vocab_size <= i < vocab_size:
+            raise ValueError(f"token_ban[{pos}] = {i} is outside the vocabulary (valid ids are "
+                             f"0..{vocab_size - 1})")
+        out.append(i)
+    return out
+
+
 def resolve_generator(generator, device):
     """Turn an int seed into a generator suited to ``device``; pass other generators through."""
     if generator is None or isinstance(generator, (np.random.RandomState, np.random.Generator,
@@ -66,13 +114,10 @@ def resolve_generator(generator, device):
 def sample_logits(logits, temperature=1.0, top_p=0.85, top_k=0, *, generator=None, vocab_size=None):
     """Sample one token id from ``logits`` (see the module docstring for the exact rule)."""
     logits = check_logits(logits, vocab_size)
-    temperature = float(temperature)
-    if temperature != temperature or temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    temperature, top_p, top_k = check_sampling_args(temperature, top_p, top_k)
     if temperature == 0:
         temperature, top_p = 1.0, 0
     probs = torch.softmax(logits.float(), dim=-1)
-    top_k = int(top_k)
     generator = resolve_generator(generator, probs.device)
     if probs.device.type in _NUMPY_DEVICES:
         return _sample_numpy(probs.cpu().numpy(), temperature, top_p, top_k, generator)

@@ -127,6 +127,9 @@ BUILD_SETTINGS: tuple[Setting, ...] = (
             "The GPU architectures the CUDA kernels are compiled for (torch's convention)."),
     Setting("MAX_JOBS", "int", None, "Parallel compile jobs (torch's convention)."),
     Setting("DEBUG", "flag", False, "1: compile without optimisation, with debug information."),
+    Setting("RWKV_SANITIZE", "flag", False,
+            "1: compile with AddressSanitizer + UBSan, CPU only (`make sanitize` builds this into "
+            "build-asan/, never in place)."),
     Setting("CUDA_HOME", "text", None, "Where the CUDA toolkit is (also CUDA_PATH); nvcc is looked "
             "for there."),
     Setting("CUDA_PATH", "text", None, "As CUDA_HOME."),

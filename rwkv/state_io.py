@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from .files import read_bytes_to_memory, regular_file_size, save_atomic
+
 __all__ = ["save_state", "load_state", "model_fingerprint", "StateFileError"]
 
 FORMAT = "rwkv-state"
@@ -73,20 +75,16 @@ def save_state(path, model, state, *, meta=None) -> str:
     for k, v in payload["meta"].items():
         if not isinstance(k, str) or not isinstance(v, (str, int, float, bool)):
             raise TypeError("save_state: meta must map str to str/int/float/bool")
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return save_atomic(payload, path)
 
 
 def _read(path):
+    path = os.fspath(path)
+    if regular_file_size(path) is None:
+        raise StateFileError(f"load_state: {path!r} is not a regular file")
     try:
-        payload = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        # Read into memory and closed: nothing maps the file, so it may be rewritten at any time.
+        payload = torch.load(read_bytes_to_memory(path), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as e:  # pickle errors, zip errors, refused globals...

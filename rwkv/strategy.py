@@ -399,7 +399,11 @@ class _Parser:
     def _count(tok: str, where: str, fail):
         m = _COUNT_RE.fullmatch(tok)
         if m:
-            return int(m.group(1)), m.group(2) == "+"
+            try:
+                return int(m.group(1)), m.group(2) == "+"
+            except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+                fail(f"invalid layer count in {where}: '*' followed by {len(m.group(1))} digits is too "
+                     "large a number; a layer count is at most the model's number of layers")
         allowed = ("expected '*N' (put N layers here) or '*N+' (put N layers here and stream the "
                    "remaining ones), N a whole number")
         if tok in ("i8", "i4", "i3"):

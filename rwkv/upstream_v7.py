@@ -52,7 +52,7 @@ def one_step(model, x: torch.Tensor, state: list, token=None):
         got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"RWKV.forward_one_alt: x must be one embedding row, a floating-point tensor "
                          f"of shape [{C}] (e.g. model.z['emb.weight'][token]), got {got}")
-    rt.validate_state(state)
+    state = rt.validate_state(state)  # other layouts come back as contiguous copies
     ids = _token_ids(model, token)
     with torch.no_grad():
         return rt.run(x.unsqueeze(0), state, False, ids)

@@ -24,6 +24,8 @@ Extras, all keyword-only so upstream calls are unchanged: ``sample_logits(..., g
 import operator
 import os
 
+import numpy as np
+
 from .generation import GenerationStream
 from .rwkv_tokenizer import WORLD_VOCAB_FILE, TRIE_TOKENIZER
 from .sampling import sample_logits as _sample_logits
@@ -120,27 +122,38 @@ class PIPELINE:
 
     def encode(self, x):
         """Text -> list of token ids."""
+        if not isinstance(x, str):
+            raise TypeError(f"PIPELINE.encode: expected a str, got {type(x).__name__}")
         if self._is_hf():
+            x.encode("utf-8")  # a lone surrogate: UnicodeEncodeError (a ValueError), as the World tokenizer
             return self.tokenizer.encode(x).ids
         return self.tokenizer.encode(x)
 
     def decode(self, x, *, strict=False):
         """Token ids -> text. ``strict=True``: ``ValueError`` for ids outside the vocabulary (and,
-        for the World tokenizer, for invalid UTF-8) instead of upstream's lenient result."""
-        if strict:
-            if hasattr(self.tokenizer, "decode_strict"):
-                return self.tokenizer.decode_strict(x)
-            x, size = list(x), self.vocab_size_of_tokenizer()
-            for pos, i in enumerate(x):
-                try:
-                    ok = 0 <= operator.index(i) < size
-                except TypeError:
-                    ok = False
-                if not ok:
-                    raise ValueError(f"token id {i!r} at position {pos} is outside the vocabulary "
-                                     f"(valid ids: 0..{size - 1})")
-            x = [operator.index(i) for i in x]
+        for the World tokenizer, for invalid UTF-8) instead of upstream's lenient result. A Hugging
+        Face tokenizer always gets checked ids (it would raise OverflowError or TypeError, or skip
+        an id silently)."""
+        if strict and hasattr(self.tokenizer, "decode_strict"):
+            return self.tokenizer.decode_strict(x)
+        if strict or self._is_hf():
+            x = self._checked_ids(x)
         return self.tokenizer.decode(x)
+
+    def _checked_ids(self, x) -> list:
+        size = self.vocab_size_of_tokenizer()
+        if isinstance(x, (str, bytes, dict, set)) or not hasattr(x, "__iter__"):
+            raise TypeError(f"token ids must be a list of ints, got {type(x).__name__}")
+        x = list(x)
+        for pos, i in enumerate(x):
+            try:
+                ok = not isinstance(i, (bool, np.bool_)) and 0 <= operator.index(i) < size
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ValueError(f"token id {i!r} at position {pos} is outside the vocabulary "
+                                 f"(valid ids: 0..{size - 1})")
+        return [operator.index(i) for i in x]
 
     def vocab_size_of_tokenizer(self):
         """How many ids the tokenizer can produce (its largest id + 1)."""

@@ -6,6 +6,9 @@
 - ``cpu_isa`` (parametrised): every instruction set this CPU runs and the compiled kernels offer
   (none without ``rwkv._C``); force it with ``rwkv.ops._testing.force_cpu_isa``.
 - markers: ``cuda`` (skipped without a GPU), ``slow``.
+- ``RWKV_TEST_EXTENSION_DIR``: a folder holding other builds of ``rwkv._C`` and ``rwkv._tokenizer``
+  (``make sanitize`` points it at the AddressSanitizer build in build-asan/); the suite then loads
+  them instead of the in-place ones, and stops if they do not load from there.
 """
 
 from __future__ import annotations
@@ -14,6 +17,25 @@ import os
 
 import pytest
 import torch
+
+_EXT_DIR = os.environ.get("RWKV_TEST_EXTENSION_DIR")
+
+
+def _use_extension_dir(folder: str) -> None:
+    import importlib
+
+    import rwkv
+
+    folder = os.path.abspath(folder)
+    rwkv.__path__.insert(0, folder)  # searched first for rwkv._C and rwkv._tokenizer
+    for name in ("rwkv._C", "rwkv._tokenizer"):
+        module = importlib.import_module(name)
+        if not os.path.abspath(module.__file__).startswith(folder + os.sep):
+            raise RuntimeError(f"RWKV_TEST_EXTENSION_DIR={folder}: {name} loaded from {module.__file__}")
+
+
+if _EXT_DIR:
+    _use_extension_dir(_EXT_DIR)
 
 
 def _devices() -> list:

@@ -92,7 +92,9 @@ def test_strict_decode_world_and_20b():
     if not os.path.exists(TOKENIZER_20B):
         pytest.skip("20B tokenizer missing")
     neox = PIPELINE(None, TOKENIZER_20B)
-    assert neox.decode([50277 + 5]) == ""  # upstream: silently dropped
+    # Upstream drops this id silently (and raises OverflowError for -1): ours is a ValueError either way.
+    with pytest.raises(ValueError, match=r"token id 50282 at position 0 is outside .* 0\.\.50276"):
+        neox.decode([50277 + 5])
     with pytest.raises(ValueError, match=r"token id 50282 at position 1 is outside .* 0\.\.50276"):
         neox.decode([187, 50282], strict=True)
     with pytest.raises(ValueError, match="token id -1"):

@@ -84,6 +84,10 @@ def test_nucleus_cutoff_without_full_sort_equals_the_full_sort(n, kind, logits):
             want = _full_sort_truncation(probs.copy(), temperature, top_p)
             got = sampling._truncate_numpy(probs.copy(), temperature, top_p, 0)
             assert np.array_equal(got, want), (kind, top_p, temperature)
+            if not 0 <= top_p <= 1:  # the public function refuses what the internal rule tolerates
+                with pytest.raises(ValueError, match="top_p must be between 0 and 1"):
+                    sample_logits(torch.tensor(logits, dtype=torch.float32), temperature, top_p)
+                continue
             token = sample_logits(torch.tensor(logits, dtype=torch.float32), temperature, top_p,
                                   generator=123)
             rs = np.random.RandomState(123)
@@ -179,11 +183,33 @@ def test_input_logits_untouched_and_numpy_accepted():
     (torch.tensor([0.0, float("nan"), 1.0]), {}, "NaN"),
     (torch.full((4,), -float("inf")), {}, "no token has a usable probability"),
     (torch.zeros(0), {}, "empty"),
-    (torch.zeros(4), {"temperature": -1.0}, "temperature must be >= 0"),
+    (torch.zeros(4), {"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    (torch.zeros(4), {"temperature": float("inf")}, r"temperature must be a finite number >= 0 .* got inf"),
+    (torch.zeros(4), {"temperature": float("nan")}, r"temperature must be a finite number >= 0 .* got nan"),
+    (torch.zeros(4), {"top_p": -0.1}, r"top_p must be between 0 and 1 .* got -0.1"),
+    (torch.zeros(4), {"top_p": 1.5}, r"top_p must be between 0 and 1 .* got 1.5"),
+    (torch.zeros(4), {"top_p": float("nan")}, r"top_p must be between 0 and 1 .* got nan"),
+    (torch.zeros(4), {"top_p": float("inf")}, r"top_p must be between 0 and 1 .* got inf"),
+    (torch.zeros(4), {"top_k": -1}, r"top_k must be a whole number >= 0 .* got -1"),
+    (torch.zeros(4), {"top_k": 2.5}, r"top_k must be a whole number >= 0 .* got 2.5"),
+    (torch.zeros(4), {"top_k": float("inf")}, r"top_k must be a whole number >= 0 .* got inf"),
 ])
 def test_bad_inputs_raise_value_error(bad, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sample_logits(bad, **kwargs)
+
+
+def test_whole_float_top_k_and_numpy_numbers_are_accepted():
+    logits = _logits(100)
+    want = sample_logits(logits, 0.7, 0.9, 5, generator=0)
+    assert sample_logits(logits, np.float32(0.7), np.float64(0.9), 5.0, generator=0) == want
+    assert sample_logits(logits, 0.7, 0.9, np.int64(5), generator=0) == want
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": "1"}, {"top_p": None}, {"top_k": True}])
+def test_sampling_arguments_that_are_not_numbers_are_a_type_error(kwargs):
+    with pytest.raises(TypeError, match=f"{next(iter(kwargs))} must be a number"):
+        sample_logits(torch.zeros(4), **kwargs)
 
 
 def test_underflowing_temperature_is_a_clear_error():

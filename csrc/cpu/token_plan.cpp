@@ -362,11 +362,14 @@ Call reusing_call(const Step& s, const std::vector<bool>& reuse, std::function<v
 // The group, chain, residual and ffn ops as planned products (product_step.h), where their weight
 // and side lists are the plan's constants; nullptr otherwise. reuse: see ProductStep.
 Call product_call(const Step& s, bool reuse) {
+  // Only product steps have the weight and side arguments read below; other steps (e.g.
+  // pooled_empty_like) may have fewer, so the op is checked before any argument is read.
+  std::shared_ptr<ProductStep> ps = ProductStep::make(s.op, reuse);
+  if (ps == nullptr || s.args.size() < 3) return nullptr;
   const bool residual = s.op == "rwkv::linear_one_residual";
   const bool constant = residual ? s.args[1].ref < 0 && s.args[2].all_constant
                                  : s.args[1].all_constant && s.args[2].all_constant;
-  std::shared_ptr<ProductStep> ps = ProductStep::make(s.op, reuse);
-  if (ps == nullptr || !constant) return nullptr;
+  if (!constant) return nullptr;
   const bool chain = s.op == "rwkv::linear_one_chain", ffn = s.op == "rwkv::linear_one_ffn";
   return [ps, residual, chain, ffn](const Step& st, const std::vector<at::Tensor>& consts,
                                     Env& env) {

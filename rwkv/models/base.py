@@ -116,7 +116,11 @@ class Runtime:
             out.append(ts.to(dtype=torch.float32, device=self.devices[i]).contiguous())
         return out
 
-    def validate_state(self, state) -> None:
+    def validate_state(self, state) -> list:
+        """The state to run from: ``state`` itself when every tensor is already in the kernels' layout,
+        else a new list in which the tensors that are not (non-contiguous views, other strides) are
+        replaced by contiguous private copies (same values: the caller's tensors are never written
+        either way). A state of another model, dtype, device or layout is a StateError."""
         n = self.info.n_layer * self.per_layer
         if not isinstance(state, (list, tuple)):
             raise StateError(f"RWKV.forward: state must be None or the list returned by a previous forward, "
@@ -128,14 +132,18 @@ class Runtime:
         specs = self._flat_specs
         if specs is None:
             specs = self._flat_specs = [spec for i in range(self.info.n_layer) for spec in self.state_spec(i)]
+        copied = None
         for idx, (t, (shape, dtype, dev, what)) in enumerate(zip(state, specs)):
             # The fast test first: this runs on every forward call.
             if type(t) is torch.Tensor and t.dtype == dtype and t.shape == shape and (
-                    t.device == dev or _on_device(t, dev)):
+                    t.device == dev or _on_device(t, dev)) and t.layout == torch.strided and t.is_contiguous():
                 continue
             where = f"state[{idx}] (layer {idx // self.per_layer} {what})"
             if not isinstance(t, torch.Tensor):
                 raise StateError(f"RWKV.forward: {where} must be a Tensor, got {type(t).__name__}")
+            if t.layout != torch.strided:
+                raise StateError(f"RWKV.forward: {where} has layout {t.layout}, expected a dense tensor "
+                                 "(torch.strided); convert it with .to_dense()")
             if tuple(t.shape) != shape:
                 raise StateError(f"RWKV.forward: {where} has shape {list(t.shape)}, expected {list(shape)}: "
                                  "the state comes from a different model. Pass state=None to start fresh.")
@@ -145,6 +153,11 @@ class Runtime:
             if not _on_device(t, dev):
                 raise StateError(f"RWKV.forward: {where} is on {t.device}, expected {dev} for this "
                                  "strategy; move it with .to(device) or pass state=None.")
+            if not t.is_contiguous():
+                if copied is None:
+                    copied = list(state)
+                copied[idx] = t.detach().contiguous()
+        return state if copied is None else copied
 
     # --------------------------------------------------------------------------------- forward
     def forward(self, tokens: torch.Tensor, state: list, full_output: bool):
