@@ -96,3 +96,10 @@ def test_text_output_holds_partial_characters_and_cuts_stop_strings():
     assert out.stopped and out.text == "Hi \u20ac ok" and out.flush() == []
     lead = TextOutput(decode, (), strip_leading=True)
     assert lead.add(4) == ["ok"] and lead.add(7) == [" more"]
+
+
+def test_only_ids_below_the_limit_are_chosen():
+    logits = torch.zeros(2, V)
+    logits[:, V - 1] = 100.0  # the likeliest id, which the tokenizer cannot decode
+    out = sample_rows([sampler(temperature=0), sampler(temperature=1.0, seed=0)], logits, limit=V - 10)
+    assert all(t < V - 10 for t in out)

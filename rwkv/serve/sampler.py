@@ -61,11 +61,14 @@ class Sampler:
         return sample_rows([self], logits.reshape(1, -1))[0]
 
 
-def sample_rows(samplers: list, logits: torch.Tensor) -> list:
+def sample_rows(samplers: list, logits: torch.Tensor, limit: int | None = None) -> list:
     """The next token of every row of logits [n, V] (row i belongs to samplers[i]); see the
-    module docstring. Updates each sampler's counts."""
+    module docstring. ``limit``: only ids below it are chosen (a tokenizer with fewer tokens than
+    the model's vocabulary cannot decode the others). Updates each sampler's counts."""
     x = logits.float().clone()
     n, V = x.shape
+    if limit is not None and limit < V:
+        x[:, limit:] = float("-inf")
     for i, s in enumerate(samplers):
         if s.bias is not None:
             x[i].index_add_(0, *s.bias)

@@ -61,7 +61,9 @@ class QueueFull(ApiError):
 
 class Scheduler:
     def __init__(self, model, decode, metrics, *, max_batch: int, max_queue: int, prefill_chunk: int,
-                 cache_bytes: int, cache_entries: int = 256):
+                 cache_bytes: int, cache_entries: int = 256, token_limit: int | None = None):
+        """token_limit: the ids the tokenizer decodes (only those are sampled)."""
+        self.token_limit = token_limit
         self.engine = BatchDecoder(model, max_batch, prefill_chunk=prefill_chunk)
         self.engine_vocab = model.args.vocab_size
         self.decode = decode
@@ -181,7 +183,7 @@ class Scheduler:
         """Sample every job's next token from its row of logits [n, V] (all rows at once), emit
         its text, finish it or queue the token."""
         now = time.monotonic()
-        for job, token in zip(jobs, sample_rows([j.sampler for j in jobs], logits)):
+        for job, token in zip(jobs, sample_rows([j.sampler for j in jobs], logits, self.token_limit)):
             if job.cancelled:
                 self._finish(job, None)
             else:

@@ -63,7 +63,8 @@ class Server:
         self.metrics = Metrics()
         self.scheduler = Scheduler(self.model, self._decode, self.metrics, max_batch=cfg.max_batch,
                                    max_queue=cfg.max_queue, prefill_chunk=cfg.prefill_chunk,
-                                   cache_bytes=cfg.cache_bytes)
+                                   cache_bytes=cfg.cache_bytes,
+                                   token_limit=self.pipeline.vocab_size_of_tokenizer())
         self.created = int(time.time())
 
     def close(self) -> None:
