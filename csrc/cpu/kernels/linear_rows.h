@@ -1,9 +1,11 @@
 // Dense products of several rows (linear_rows): y[t, m] = x[t] . w[:, m] for rows t < T and output
 // columns [m0, m1), w column-major (column m = N contiguous elements at w + m*N; bf16 widened to
 // fp32 in registers, or fp32), x fp32 with row stride ldx, fp32 accumulation. Blocks of 2 columns
-// by 4 rows share every load: each column pair streams from memory once, for its first row
-// group, and is then read from the cache by the others, so a step of the batched engine reads
-// each weight once for all its rows.
+// by up to 8 rows (4 with 256-bit registers, whose 16 registers hold fewer accumulators) share
+// every load: each weight is loaded once for all the rows of a group; more rows take further
+// groups, which read the block's columns from the cache. A step of the batched engine thus reads
+// each weight from memory once for all its rows. The two columns of a block, and the blocks of a
+// thread's range, lie one after another in memory: each thread reads one sequential stream.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +16,8 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
-// How far ahead of the multiply-adds the first row group prefetches each column.
-constexpr int64_t kRowsAhead = 2048;
-
-// Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate);
-// kPrefetch: prefetch every 64-byte line of the columns kRowsAhead bytes ahead.
-template <class V, int R, int C, bool kPrefetch, class T>
+// Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate).
+template <class V, int R, int C, class T>
 inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t ldx, const T* w,
                        float* y, int64_t ldy, bool accumulate) {
   using Reg = typename V::reg;
@@ -34,11 +32,7 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
     for (int c = 0; c < C; ++c) acc[r][c] = V::zero();
   }
   int64_t n = 0;
-  constexpr int64_t E = sizeof(T);
   for (; n + W <= N; n += W) {
-    if (kPrefetch && (n * E) % 64 == 0)
-      for (int c = 0; c < C; ++c)
-        __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kRowsAhead);
     Reg wv[C];
     for (int c = 0; c < C; ++c) wv[c] = load_elems<V>(col[c] + n);
     for (int r = 0; r < R; ++r) {
@@ -63,35 +57,23 @@ template <class V>
 constexpr int kRowGroup = V::width >= 16 ? 8 : 4;
 
 // One group of r < R rows (the rows left), dispatched to its block size.
-template <class V, int R, int C, bool kPrefetch, class T>
+template <class V, int R, int C, class T>
 inline void rows_tail(int r, int64_t N, int64_t t, int64_t m, const float* x, int64_t ldx, const T* w,
                       float* y, int64_t ldy, bool accumulate) {
   if constexpr (R > 1) {
-    if (r == R - 1) return rows_block<V, R - 1, C, kPrefetch>(N, t, m, x, ldx, w, y, ldy, accumulate);
-    rows_tail<V, R - 1, C, kPrefetch>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
+    if (r == R - 1) return rows_block<V, R - 1, C>(N, t, m, x, ldx, w, y, ldy, accumulate);
+    rows_tail<V, R - 1, C>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
   }
 }
 
-// Every row of columns [m, m + C): groups of kRowGroup rows, then the rows left; the first group
-// reads the columns from memory, with the prefetch.
+// Every row of columns [m, m + C): groups of kRowGroup rows, then the rows left.
 template <class V, int C, class T>
 inline void rows_columns(int64_t T_, int64_t N, int64_t m, const float* x, int64_t ldx, const T* w,
                          float* y, int64_t ldy, bool accumulate) {
   constexpr int R = kRowGroup<V>;
   int64_t t = 0;
-  if (T_ >= R) {
-    rows_block<V, R, C, true>(N, 0, m, x, ldx, w, y, ldy, accumulate);
-    t = R;
-  }
-  for (; t + R <= T_; t += R) rows_block<V, R, C, false>(N, t, m, x, ldx, w, y, ldy, accumulate);
-  if (t < T_) {
-    const int r = static_cast<int>(T_ - t);
-    if (t == 0) {
-      rows_tail<V, R, C, true>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
-    } else {
-      rows_tail<V, R, C, false>(r, N, t, m, x, ldx, w, y, ldy, accumulate);
-    }
-  }
+  for (; t + R <= T_; t += R) rows_block<V, R, C>(N, t, m, x, ldx, w, y, ldy, accumulate);
+  if (t < T_) rows_tail<V, R, C>(static_cast<int>(T_ - t), N, t, m, x, ldx, w, y, ldy, accumulate);
 }
 
 // linear_rows on output columns [m0, m1) of y [T, M] (row stride M): blocks of 2 columns.
