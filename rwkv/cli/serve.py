@@ -11,7 +11,7 @@ def add_parser(sub):
                        "/v1/models, /health, /metrics) with continuous batching.")
     p.add_argument("--model", default="", help="checkpoint path (default: the model shipped in models/)")
     p.add_argument("--strategy", default="cpu fp32", help="strategy string (default: cpu fp32)")
-    p.add_argument("--tokenizer", default=None, help="tokenizers JSON path or rwkv_vocab_v20230424 "
+    p.add_argument("--tokenizer", "--vocab", default=None, help="tokenizers JSON path or rwkv_vocab_v20230424 "
                    "(default: the tokenizer.json beside the model, else the World vocabulary)")
     p.add_argument("--model-name", default=None, help="the model's name in the API (default: the file name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
