@@ -95,6 +95,11 @@ struct KernelTable {
                            int64_t ldx, const uint16_t* w, float* y, bool accumulate);
   void (*linear_rows_f32)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
                           int64_t ldx, const float* w, float* y, bool accumulate);
+  // linear_rows with bf16 weights and the rows of x in bf16 as well (not widened), on ISAs with
+  // bf16 dot products (avx512bf16); nullptr elsewhere.
+  void (*linear_rows_bf16x)(int64_t T, int64_t N, int64_t M, int64_t m0, int64_t m1,
+                            const uint16_t* x, int64_t ldx, const uint16_t* w, float* y,
+                            bool accumulate);
   // mm8's preparation for rows [t0, t1): x, ry, my -> xs and sums as above (x [T, N] fp32).
   void (*mm8_prepare)(int64_t N, int64_t t0, int64_t t1, const float* x, const float* ry,
                       const float* my, float* xs, float* sums);

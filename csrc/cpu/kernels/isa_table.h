@@ -48,6 +48,11 @@ void fill_kernel_table(KernelTable* table) {
   table->linear_one_f32 = &linear_one<V, float>;
   table->linear_rows_bf16 = &linear_rows<V, uint16_t>;
   table->linear_rows_f32 = &linear_rows<V, float>;
+  if constexpr (HasBf16Rows<V>::value) {
+    table->linear_rows_bf16x = &linear_rows_bf16x<V>;
+  } else {
+    table->linear_rows_bf16x = nullptr;
+  }
   if constexpr (HasBf16Dot<V>::value) {
     table->linear_one_bf16x = &linear_one_bf16x<V>;
   } else {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/kernels/vec_scalar.h"
 
@@ -84,6 +85,37 @@ void linear_rows(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const
   for (; m + 2 <= m1; m += 2) rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
   if (m < m1) rows_columns<V, 1>(T_, N, m, x, ldx, w, y, M, accumulate);
 }
+
+// linear_rows with bf16 rows of x (row stride ldx elements) and bf16 weights, for Vec policies
+// with bf16 dot products (V::bf16_rows_block): groups of 8 rows by 2 columns, as linear_rows.
+template <class V>
+void linear_rows_bf16x(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const uint16_t* x,
+                       int64_t ldx, const uint16_t* w, float* y, bool accumulate) {
+  const auto columns = [&](auto cols, int64_t m) {
+    constexpr int C = decltype(cols)::value;
+    int64_t t = 0;
+    for (; t + 8 <= T_; t += 8) V::template bf16_rows_block<8, C>(N, t, m, x, ldx, w, y, M, accumulate);
+    switch (T_ - t) {
+      case 7: V::template bf16_rows_block<7, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 6: V::template bf16_rows_block<6, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 5: V::template bf16_rows_block<5, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 4: V::template bf16_rows_block<4, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 3: V::template bf16_rows_block<3, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 2: V::template bf16_rows_block<2, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      case 1: V::template bf16_rows_block<1, C>(N, t, m, x, ldx, w, y, M, accumulate); break;
+      default: break;
+    }
+  };
+  int64_t m = m0;
+  for (; m + 2 <= m1; m += 2) columns(std::integral_constant<int, 2>{}, m);
+  if (m < m1) columns(std::integral_constant<int, 1>{}, m);
+}
+
+// Whether the Vec policy V has bf16 dot products for rows (V::bf16_rows_block).
+template <class V, class = void>
+struct HasBf16Rows : std::false_type {};
+template <class V>
+struct HasBf16Rows<V, std::void_t<decltype(&V::template bf16_rows_block<1, 1>)>> : std::true_type {};
 
 }  // namespace RWKV_ISA
 }  // namespace cpu

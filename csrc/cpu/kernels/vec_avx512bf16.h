@@ -70,6 +70,41 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
       y[m + b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc[b][0], acc[b][1]));
   }
 
+  // linear_rows' block with bf16 rows of x (row r at x + (t + r)*ldx) and bf16 columns: rows
+  // [t, t + R) by columns [m, m + C), 32 values a step with one vdpbf16ps per row and column (the
+  // weights loaded once for the R rows), the last N % 32 by masked loads; y[(t + r)*ldy + m + c]
+  // (=, or += with accumulate).
+  template <int R, int C>
+  static void bf16_rows_block(int64_t N, int64_t t, int64_t m, const uint16_t* x, int64_t ldx,
+                              const uint16_t* w, float* y, int64_t ldy, bool accumulate) {
+    const uint16_t* col[C];
+    const uint16_t* row[R];
+    __m512 acc[R][C];
+    for (int c = 0; c < C; ++c) col[c] = w + (m + c) * N;
+    for (int r = 0; r < R; ++r) {
+      row[r] = x + (t + r) * ldx;
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    const auto step = [&](int64_t n, __mmask32 mask) {
+      __m512bh wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, col[c] + n);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, row[r] + n);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+      }
+    };
+    int64_t n = 0;
+    for (; n + 32 <= N; n += 32) step(n, _cvtu32_mask32(0xFFFFFFFFu));
+    if (n < N) step(n, _cvtu32_mask32((1u << (N - n)) - 1));
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        const float dot = _mm512_reduce_add_ps(acc[r][c]);
+        float* out = y + (t + r) * ldy + m + c;
+        *out = accumulate ? *out + dot : dot;
+      }
+    }
+  }
+
   // A short column's dot with bf16 x (linear.h, ShortDot): 32 values a step, summed in one
   // register; the last N % 32 by masked loads.
   struct Bf16ShortDot {
