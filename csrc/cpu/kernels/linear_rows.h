@@ -77,13 +77,19 @@ inline void rows_columns(int64_t T_, int64_t N, int64_t m, const float* x, int64
   if (t < T_) rows_tail<V, R, C>(static_cast<int>(T_ - t), N, t, m, x, ldx, w, y, ldy, accumulate);
 }
 
-// linear_rows on output columns [m0, m1) of y [T, M] (row stride M): blocks of 2 columns.
+// Up to this many rows a block is one column: a thread then reads its weights as one sequential
+// stream, and a few rows' multiply-adds keep up with it; more rows take two columns a block,
+// which halves the loads of x per multiply-add.
+constexpr int64_t kOneColumnRows = 4;
+
+// linear_rows on output columns [m0, m1) of y [T, M] (row stride M).
 template <class V, class T>
 void linear_rows(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
                  int64_t ldx, const T* w, float* y, bool accumulate) {
   int64_t m = m0;
-  for (; m + 2 <= m1; m += 2) rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
-  if (m < m1) rows_columns<V, 1>(T_, N, m, x, ldx, w, y, M, accumulate);
+  if (T_ > kOneColumnRows)
+    for (; m + 2 <= m1; m += 2) rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
+  for (; m < m1; ++m) rows_columns<V, 1>(T_, N, m, x, ldx, w, y, M, accumulate);
 }
 
 // linear_rows with bf16 rows of x (row stride ldx elements) and bf16 weights, for Vec policies
@@ -107,8 +113,9 @@ void linear_rows_bf16x(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1,
     }
   };
   int64_t m = m0;
-  for (; m + 2 <= m1; m += 2) columns(std::integral_constant<int, 2>{}, m);
-  if (m < m1) columns(std::integral_constant<int, 1>{}, m);
+  if (T_ > kOneColumnRows)
+    for (; m + 2 <= m1; m += 2) columns(std::integral_constant<int, 2>{}, m);
+  for (; m < m1; ++m) columns(std::integral_constant<int, 1>{}, m);
 }
 
 // Whether the Vec policy V has bf16 dot products for rows (V::bf16_rows_block).

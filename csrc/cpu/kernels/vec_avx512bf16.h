@@ -85,17 +85,24 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
       row[r] = x + (t + r) * ldx;
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     }
-    const auto step = [&](int64_t n, __mmask32 mask) {
+    int64_t n = 0;
+    for (; n + 32 <= N; n += 32) {
+      __m512bh wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(col[c] + n);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(row[r] + n);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+      }
+    }
+    if (n < N) {
+      const __mmask32 mask = _cvtu32_mask32((1u << (N - n)) - 1);
       __m512bh wv[C];
       for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, col[c] + n);
       for (int r = 0; r < R; ++r) {
         const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, row[r] + n);
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
       }
-    };
-    int64_t n = 0;
-    for (; n + 32 <= N; n += 32) step(n, _cvtu32_mask32(0xFFFFFFFFu));
-    if (n < N) step(n, _cvtu32_mask32((1u << (N - n)) - 1));
+    }
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
         const float dot = _mm512_reduce_add_ps(acc[r][c]);
