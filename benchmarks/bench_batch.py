@@ -17,8 +17,8 @@ Each row also shows its floors, measured in the same run:
   3 sums over 1 GiB in huge pages);
 - compute floor: the step's multiply-adds (2 * B * N * M over every matrix) at the rate torch's
   own GEMM reaches in that run for the strategy's activation dtype on a compute-bound product of
-  the model's width ([256, C] @ [C, 4C]; int8 strategies at the fp32 rate, the dtype their
-  several-row products compute in);
+  the model's width ([256, C] @ [C, 4C]; fp32 through oneDNN, as the model's prefill; int8
+  strategies at the fp32 rate);
 and ``x floor``: the step time over the larger floor.
 
 The last lines compare B = 8 with B = 1 (aggregate tokens/s), per model and strategy.
@@ -68,15 +68,21 @@ def matrix_shapes(model) -> list:
 
 
 def gemm_rate(dtype: torch.dtype, C: int, device: str = "cpu") -> float:
-    """Multiply-adds x2 per second of torch's GEMM on [256, C] @ [C, 4C] in dtype (best of 5)."""
+    """Multiply-adds x2 per second of torch's GEMM on [256, C] @ [C, 4C] in dtype (best of 5): on
+    CPU for fp32 oneDNN's linear, the GEMM the model's fp32 prefill runs (MKL's sgemm is slower
+    on some CPUs), else ``a @ w``."""
+    from rwkv.models.common import onednn_linear
+
     a = torch.randn(256, C).to(dtype=dtype, device=device)
-    w = torch.randn(C, 4 * C).to(dtype=dtype, device=device)
-    a @ w
+    w = torch.randn(4 * C, C).to(dtype=dtype, device=device)  # [M, N], as oneDNN takes it
+    linear = onednn_linear() if device == "cpu" and dtype == torch.float32 else None
+    gemm = (lambda: linear(a, w, None, "none", [], None)) if linear is not None else (lambda: a @ w.t())
+    gemm()
     best = float("inf")
     for _ in range(5):
         sync()
         t0 = time.perf_counter()
-        a @ w
+        gemm()
         sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * 256 * C * 4 * C / best

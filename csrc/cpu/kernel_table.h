@@ -109,6 +109,11 @@ struct KernelTable {
   // y[m] = rx[m]*(scale*(xq . q[:, m]) + sums[0]) + sums[1] + mx[m]*sums[2], the dot exact,
   // reading q column by column (sequential) or as 4 streams (see read_sequential()).
   float (*mm8_quantize_i16)(int64_t N, int64_t n_pad, const float* xs, int16_t* xq);
+  // mm8_i16 of T rows (mm8_rows_i16) on output columns [m0, m1) of y [T, M]: row t's xq at
+  // xq + t*n_pad, its scale scale[t] and sums at sums + 3t; each row's y the bits mm8_i16 gives.
+  void (*mm8_i16_rows)(int64_t T, int64_t N, int64_t n_pad, int64_t M, int64_t m0, int64_t m1,
+                       const int16_t* xq, const uint8_t* q, const float* scale, const float* sums,
+                       const float* rx, const float* mx, float* y);
   void (*mm8_i16)(int64_t N, int64_t m0, int64_t m1, const int16_t* xq, const uint8_t* q,
                   float scale, const float* sums, const float* rx, const float* mx, float* y,
                   bool sequential);

@@ -18,6 +18,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/activation.h"
 #include "common/op_checks.h"
 #include "cpu/cpu_features.h"
 #include "cpu/float_io.h"
@@ -158,6 +159,40 @@ at::Tensor mm8_impl(const char* op, bool seq, const at::Tensor& x, const at::Ten
   return narrowed(y, x.scalar_type());
 }
 
+// mm8_one_i16 of each row of x [T, N] (the batched engine's B sequences): the rows prepared and
+// rounded to int16 one by one (each its own scale, as mm8_one_i16 rounds one token), then every
+// column of w read once for all rows (kernels/mm8.h, mm8_i16_rows); a row the integer path
+// cannot represent (all zero, not finite) takes mm8's fp32 loop, as mm8_one_i16 does. Then the
+// activation, in fp32, and the result in x's dtype: row t's values are the bits mm8_one_i16
+// gives for x[t] alone.
+at::Tensor mm8_rows_i16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
+                        const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry, int64_t act) {
+  const Mm8Dims d = check_mm8("mm8_rows_i16", true, x, w, mx, rx, my, ry, true);
+  const Act a = check_act("mm8_rows_i16", act);
+  const Mm8Prepared p = mm8_prepare(d, true, x, w, mx, rx, my, ry, nullptr);
+  at::Tensor y = at::empty({p.T, p.M}, x.options().dtype(at::kFloat));
+  if (p.T == 0 || p.M == 0) return narrowed(y, x.scalar_type());
+  const KernelTable& kt = kernels();
+  const int64_t n_pad = (p.N + 63) / 64 * 64;
+  std::vector<int16_t> xq(static_cast<size_t>(p.T * n_pad));
+  std::vector<float> scale(static_cast<size_t>(p.T));
+  for (int64_t t = 0; t < p.T; ++t)  // (sum(xs) is finite exactly when every xs is)
+    scale[t] = std::isfinite(p.sums[3 * t]) && p.N > 0
+                   ? kt.mm8_quantize_i16(p.N, n_pad, p.xs + t * p.N, xq.data() + t * n_pad)
+                   : 0.0f;
+  float* yp = y.data_ptr<float>();
+  const uint8_t* qp = p.q.data_ptr<uint8_t>();
+  const float *rxp = p.rx32.data_ptr<float>(), *mxp = p.mx32.data_ptr<float>();
+  for_blocks(p.M, 16, p.T * p.N / 4, [&](int64_t m0, int64_t m1) {
+    kt.mm8_i16_rows(p.T, p.N, n_pad, p.M, m0, m1, xq.data(), qp, scale.data(), p.sums, rxp, mxp, yp);
+    for (int64_t t = 0; t < p.T; ++t)
+      if (scale[t] == 0.0f)
+        kt.mm8(1, p.N, p.M, m0, m1, p.xs + t * p.N, qp, p.sums + 3 * t, rxp, mxp, yp + t * p.M);
+  });
+  activate(a, yp, p.T * p.M);
+  return narrowed(y, x.scalar_type());
+}
+
 at::Tensor mm8_one(const at::Tensor& x, const at::Tensor& w, const at::Tensor& mx,
                    const at::Tensor& rx, const at::Tensor& my, const at::Tensor& ry) {
   return mm8_impl("mm8_one", false, x, w, mx, rx, my, ry);
@@ -175,4 +210,5 @@ at::Tensor mm8_seq(const at::Tensor& x, const at::Tensor& w, const at::Tensor& m
 TORCH_LIBRARY_IMPL(rwkv, CPU, m) {
   m.impl("mm8_one", &rwkv::cpu::mm8_one);
   m.impl("mm8_seq", &rwkv::cpu::mm8_seq);
+  m.impl("mm8_rows_i16", &rwkv::cpu::mm8_rows_i16);
 }

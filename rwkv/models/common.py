@@ -311,6 +311,9 @@ class Projection:
         self.one_token_op = name  # which op one-token int8 products use (the verbose plan shows it)
         self._one = ops.resolve(name, self.device.type, self._mode)
         self._one_act = name == "mm8_one_i16"  # it applies the activation itself
+        # Products of a few rows take the same rounding, row by row, in one pass over the weight.
+        self._rows_i16 = (ops.resolve("mm8_rows_i16", "cpu", self._mode)
+                          if self._one_act and _compiled("mm8_rows_i16", "CPU") else None)
         # mm8_one_i16 computes in fp32 and takes fp32 side tensors: copies made once here (exact)
         # spare a bf16 layer four conversions per one-token product.
         self.one_side = tuple(t.float() for t in self.side) if self._one_act else self.side
@@ -356,6 +359,8 @@ class Projection:
                 if self._one_act:
                     return self._one(x, W, *one_side, act), True
                 return self._one(x, W, *side), False
+            if self._rows_i16 is not None and x.dim() == 2 and rows(x) <= ROWS_MAX:
+                return self._rows_i16(x, W, *one_side, act), True
             return self._seq(x, W, *side), False
         if out_dtype == torch.float32 and self._gemm16 is not None:
             return self._gemm16(x, W, True), False

@@ -143,6 +143,13 @@ def mm8(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor,
     return fn(x, w, mx, rx, my, ry, mode=mode)
 
 
+def mm8_rows_i16(x: Tensor, w: Tensor, mx: Tensor, rx: Tensor, my: Tensor, ry: Tensor, act: int = 0, *,
+                 mode: str = "auto") -> Tensor:
+    """mm8_one_i16 of each row of x [T, N] (each row its own int16 scale; each column of w read
+    once for all rows); returns [T, M] in x's dtype. CPU."""
+    return resolve("mm8_rows_i16", x.device.type, mode)(x, w, mx, rx, my, ry, act)
+
+
 def gemm_fp16(a: Tensor, b: Tensor, fp32_out: bool, *, mode: str = "auto") -> Tensor:
     """a [T, K] fp16 @ b [K, M] fp16, fp32 accumulation; fp32 result if fp32_out else fp16."""
     return resolve("gemm_fp16", a.device.type, mode)(a, b, fp32_out)

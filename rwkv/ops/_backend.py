@@ -19,7 +19,7 @@ from . import _schemas, reference
 MODES = ("auto", "compiled", "reference")
 
 # Ops whose kernel on that device type is the reference by design (docs/kernels.md): no warning.
-_REFERENCE_BY_DESIGN = {("gemm_fp16", "cpu"), ("mm8_one_i16", "cuda"), ("wkv4_block", "cuda"),
+_REFERENCE_BY_DESIGN = {("gemm_fp16", "cpu"), ("mm8_one_i16", "cuda"), ("mm8_rows_i16", "cuda"), ("wkv4_block", "cuda"),
                         ("wkv6_block", "cuda"),
                         ("maa_mix", "cuda"), ("maa_mix_split", "cuda"), ("maa_lora_one", "cuda"),
                         ("ln_mix_split", "cuda"),

@@ -253,6 +253,20 @@ def _mm8_one_i16_fake(x, w, mx, rx, my, ry, act=0):
     return x.new_empty(_checks.one_row_shape(x, M))
 
 
+# mm8_one_i16 of each row of x [T, N] (fp32|bf16|fp16): every row rounded to int16 with its own
+# scale, every column of w read once for all rows; otherwise as mm8_one_i16. Returns [T, M] in
+# x's dtype, row t the bits mm8_one_i16 gives for x[t] alone. CPU only.
+_define("mm8_rows_i16",
+        "(Tensor x, Tensor w, Tensor mx, Tensor rx, Tensor my, Tensor ry, int act=0) -> Tensor")
+
+
+@torch.library.register_fake(f"{_LIB}::mm8_rows_i16")
+def _mm8_rows_i16_fake(x, w, mx, rx, my, ry, act=0):
+    N, M = _checks.validate_mm8("mm8_rows_i16", x, w, mx, rx, my, ry, True, fp32_side=True)
+    _checks.check_act("mm8_rows_i16", act)
+    return x.new_empty((int(x.shape[0]), M))
+
+
 # a: [T, K] fp16; b: [K, M] fp16; fp32 accumulation. Returns [T, M] fp32 if fp32_out else fp16.
 _define("gemm_fp16", "(Tensor a, Tensor b, bool fp32_out) -> Tensor")
 
@@ -380,5 +394,5 @@ _define("_inference_only", "(str[] names) -> ()")
 
 #: Every tensor op of the namespace, in the order of docs/kernels.md.
 OPS = ("wkv4_forward", "wkv4_block", "wkv5_forward", "wkv6_forward", "wkv7_forward", "wkv6_block", "wkv7_block",
-       "ln_mix", "ln_mix_split", "ln_mix_rows", "maa_mix", "maa_mix_rows", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "gemm_fp16", "linear_one", "linear_rows",
+       "ln_mix", "ln_mix_split", "ln_mix_rows", "maa_mix", "maa_mix_rows", "maa_mix_split", "maa_lora_one", "mm8_one", "mm8_seq", "mm8_one_i16", "mm8_rows_i16", "gemm_fp16", "linear_one", "linear_rows",
        "linear_one_group", "linear_one_chain", "linear_one_slabs", "linear_one_residual", "linear_one_ffn", "pooled_empty_like")

@@ -420,6 +420,15 @@ def mm8_one_i16(x, w, mx, rx, my, ry, act=0):
     return activate(y, act).to(x.dtype)
 
 
+def mm8_rows_i16(x, w, mx, rx, my, ry, act=0):
+    """mm8_one_i16 of each row of x [T, N] on its own (its own int16 scale). Returns [T, M] in x's
+    dtype."""
+    _checks.validate_mm8("mm8_rows_i16", x, w, mx, rx, my, ry, True, fp32_side=True)
+    _checks.check_act("mm8_rows_i16", act)
+    rows = [mm8_one_i16(x[t:t + 1], w, mx, rx, my, ry, act) for t in range(int(x.shape[0]))]
+    return torch.cat(rows) if rows else x.new_empty((0, w.shape[1]))
+
+
 def gemm_fp16(a, b, fp32_out):
     """a [T, K] fp16 @ b [K, M] fp16 with fp32 accumulation; [T, M] fp32 if fp32_out else fp16."""
     _checks.validate_gemm_fp16(a, b)

@@ -41,6 +41,7 @@ void fill_kernel_table(KernelTable* table) {
   table->mm8_prepare = &mm8_prepare<V>;
   table->mm8_quantize_i16 = &mm8_quantize_i16<V>;
   table->mm8_i16 = &mm8_i16<V>;
+  table->mm8_i16_rows = &mm8_i16_rows<V>;
   table->mm8_tile_f32 = &mm8_tile_f32<V>;
   table->mm8_tile_bf16 = &mm8_tile_bf16<V>;
   table->bf16_round = &bf16_round<V>;

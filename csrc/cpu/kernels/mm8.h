@@ -198,6 +198,55 @@ inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t*
   }
 }
 
+// mm8_one_i16 of rows [t, t + R) on column m: each row's activation xq (row r at xq + r*n_pad,
+// in Dot16's layout, made by mm8_quantize_i16) dotted with the column, whose bytes are loaded
+// once per step for the R rows; the same exact integer dots and epilogue as mm8_i16_columns, so
+// each row's result is the bits mm8_one_i16 gives for that row alone. scale [T] (a row's 0:
+// left for the caller's fp32 path), sums [T, 3]; y row stride ldy.
+template <class V, int R>
+inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, const int16_t* xq,
+                                const uint8_t* q, const float* scale, const float* sums,
+                                const float* rx, const float* mx, float* y, int64_t ldy) {
+  using D = typename V::Dot16;
+  constexpr int64_t kStep = D::kStep, kFlush = D::kFlushRows;
+  const uint8_t* col = q + m * N;
+  const int16_t* row[R];
+  D d[R];
+  for (int r = 0; r < R; ++r) row[r] = xq + (t + r) * n_pad;
+  const int64_t full = N - N % kStep;
+  for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
+    const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
+    for (int64_t n = n0; n < n1; n += kStep)
+      for (int r = 0; r < R; ++r) d[r].add(row[r] + n, col + n);
+    for (int r = 0; r < R; ++r) d[r].flush();
+  }
+  for (int r = 0; r < R; ++r) {
+    if (full < N) d[r].add_tail(row[r] + full, col + full, N - full);
+    const float dot = scale[t + r] * static_cast<float>(d[r].sum());
+    const float* s = sums + (t + r) * 3;
+    y[(t + r) * ldy + m] = rx[m] * (dot + s[0]) + s[1] + mx[m] * s[2];
+  }
+}
+
+// mm8_one_i16 of T rows on output columns [m0, m1) of y [T, M]: each column read once, for its
+// groups of 4 rows (a Dot16 holds up to four registers: 4 rows fill 16 of them) one after
+// another from the cache.
+template <class V>
+void mm8_i16_rows(int64_t T, int64_t N, int64_t n_pad, int64_t M, int64_t m0, int64_t m1,
+                  const int16_t* xq, const uint8_t* q, const float* scale, const float* sums,
+                  const float* rx, const float* mx, float* y) {
+  for (int64_t m = m0; m < m1; ++m) {
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4) mm8_i16_rows_column<V, 4>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M);
+    switch (T - t) {
+      case 3: mm8_i16_rows_column<V, 3>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
+      case 2: mm8_i16_rows_column<V, 2>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
+      case 1: mm8_i16_rows_column<V, 1>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
+      default: break;
+    }
+  }
+}
+
 // mm8_i16's columns [m0, m1) in its read order (streams.h), the streams prefetching kAhead bytes
 // ahead.
 template <class V, int64_t kAhead>
