@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .models.base import StateError, TokenError
@@ -99,7 +100,7 @@ def _ids(model, tokens, where: str) -> torch.Tensor:
         raise TokenError(f"{where}: {str(e).removeprefix('RWKV.forward: ')}") from None
 
 
-def _start_state(model, rt, state, where: str) -> list:
+def _start_state(rt, state, where: str) -> list:
     """A sequence's start: zero_state() (with any state-tuned start) for None, else the caller's
     state, validated (its tensors are only read)."""
     if state is None:
@@ -138,7 +139,7 @@ def forward_batch(model, tokens, states=None, full_output: bool = False):
         raise StateError(f"forward_batch: states must be None or a list of {B} states (one per sequence), got "
                          f"{len(states) if isinstance(states, (list, tuple)) else type(states).__name__}")
     ids = [_ids(model, t, f"forward_batch: tokens[{b}]") for b, t in enumerate(tokens)]
-    starts = [_start_state(model, rt, s, f"forward_batch: states[{b}]") for b, s in enumerate(states)]
+    starts = [_start_state(rt, s, f"forward_batch: states[{b}]") for b, s in enumerate(states)]
     with torch.no_grad():
         if full_output:
             logits, new_states = [], []
@@ -226,7 +227,7 @@ class BatchDecoder:
             raise EngineFullError(f"BatchDecoder.add: all {self.max_batch} slots are taken; remove a "
                                   "sequence first")
         ids = None if tokens is None else _ids(self._model, tokens, "BatchDecoder.add: tokens")
-        start = _start_state(self._model, self._rt, state, "BatchDecoder.add: state")
+        start = _start_state(self._rt, state, "BatchDecoder.add: state")
         marks = sorted({int(k) for k in snapshots})
         n = 0 if ids is None else int(ids.numel())
         if marks and not 0 < marks[0] <= marks[-1] < n:
@@ -287,15 +288,9 @@ class BatchDecoder:
             raise UnknownSequenceError(f"BatchDecoder.{what}: sequence {handle!r} {why}") from None
 
     def _token(self, handle, token) -> int:
-        if isinstance(token, bool) or not isinstance(token, int):
-            try:
-                import numpy as np
-                ok = isinstance(token, np.integer)
-            except ImportError:  # pragma: no cover
-                ok = False
-            if not ok:
-                raise TokenError(f"BatchDecoder.step: the token fed to sequence {handle!r} must be an int, "
-                                 f"got {token!r}")
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise TokenError(f"BatchDecoder.step: the token fed to sequence {handle!r} must be an int, "
+                             f"got {token!r}")
         token = int(token)
         try:
             self._model._check_id_range(token, token)

@@ -168,7 +168,3 @@ async def run_load(url: str, requests: list, concurrency: int) -> float:
         await asyncio.gather(*(one(r) for r in requests))
         return time.monotonic() - start
 
-
-def alone(body: dict) -> dict:
-    """The same request without hanging up, as a fresh LoadRequest."""
-    return LoadRequest(dict(body))

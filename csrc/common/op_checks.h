@@ -373,6 +373,17 @@ inline std::pair<int64_t, int64_t> check_activation_and_shift(const char* op, co
 
 struct LnMixDims { int64_t T, C, n; };
 
+// The layer norm's w, b [C] and the mixes [n, C], all float32 (ln_mix and ln_mix_rows); returns n.
+inline int64_t check_norm_and_mix(const char* op, const at::Tensor& w, const at::Tensor& b,
+                                  const at::Tensor& mix, int64_t C) {
+  check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
+  RWKV_CHECK_DTYPE(op, mix, at::kFloat);
+  RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
+  const int64_t n = mix.size(0);
+  RWKV_CHECK_SHAPE(op, mix, "[n, C]", n, C);
+  return n;
+}
+
 // ln_mix: x [T, C] float32 or bfloat16 (the results' dtype); sx [C] in x's dtype; w, b [C] and
 // mix [n, C] float32. op: ln_mix or ln_mix_split (the same arguments).
 inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const at::Tensor& w,
@@ -380,12 +391,7 @@ inline LnMixDims check_ln_mix(const at::Tensor& x, const at::Tensor& sx, const a
                               const char* op = "ln_mix") {
   check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
   const auto [T, C] = check_activation_and_shift(op, "x", x, sx);
-  check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
-  RWKV_CHECK_DTYPE(op, mix, at::kFloat);
-  RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
-  const int64_t n = mix.size(0);
-  RWKV_CHECK_SHAPE(op, mix, "[n, C]", n, C);
-  return {T, C, n};
+  return {T, C, check_norm_and_mix(op, w, b, mix, C)};
 }
 
 struct MaaMixDims { int64_t T, C, n, D; };

@@ -298,11 +298,7 @@ std::vector<at::Tensor> ln_mix_rows(const at::Tensor& x, const at::Tensor& sx, c
   constexpr const char* op = "ln_mix_rows";
   check_same_device(op, {{"x", &x}, {"sx", &sx}, {"w", &w}, {"b", &b}, {"mix", &mix}});
   const auto [B, C] = check_rows_shift(op, "x", x, sx);
-  check_channel_vectors(op, {{"w", &w}, {"b", &b}}, C);
-  RWKV_CHECK_DTYPE(op, mix, at::kFloat);
-  RWKV_CHECK_DIM(op, mix, "[n, C]", 2);
-  const int64_t n = mix.size(0);
-  RWKV_CHECK_SHAPE(op, mix, "[n, C]", n, C);
+  const int64_t n = check_norm_and_mix(op, w, b, mix, C);
   Fp32Inputs in32(B, x.numel() + sx.numel());
   const float *xp = in32(x), *sxp = in32(sx);
   const at::Tensor wc = w.contiguous(), bc = b.contiguous(), mc = mix.contiguous();

@@ -273,10 +273,15 @@ def validate_maa_mix_rows(xx, sx, z, w2, maa, op: str = "maa_mix_rows") -> tuple
     (B, C, n, D)."""
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     B, C = _check_rows_shift(op, "xx", xx, sx)
+    return (B, C) + _check_maa_rest(op, xx, z, w2, maa, B, C, "[B, n*D]")
+
+
+def _check_maa_rest(op: str, xx, z, w2, maa, T: int, C: int, z_pattern: str) -> tuple:
+    """maa_mix's w2, z [T, n*D] in xx's dtype and maa [n, C] fp32; returns (n, D)."""
     n, D = _check_maa_w2(op, w2, C)
-    _check_rows(op, ("z",), (z,), B, n * D, "[B, n*D]", xx.dtype, " (xx's dtype)")
+    _check_rows(op, ("z",), (z,), T, n * D, z_pattern, xx.dtype, " (xx's dtype)")
     _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
-    return B, C, n, D
+    return n, D
 
 
 def _check_maa_w2(op: str, w2: torch.Tensor, C: int) -> tuple:
@@ -300,10 +305,7 @@ def validate_maa_mix(xx, sx, z, w2, maa, op: str = "maa_mix") -> tuple:
     """Checks maa_mix's (or maa_mix_split's) arguments; returns (T, C, n, D)."""
     check_same_device(op, ("xx", "sx", "z", "w2", "maa"), (xx, sx, z, w2, maa))
     T, C = _check_activation_and_shift(op, "xx", xx, sx)
-    n, D = _check_maa_w2(op, w2, C)
-    _check_rows(op, ("z",), (z,), T, n * D, "[T, n*D]", xx.dtype, " (xx's dtype)")
-    _check_rows(op, ("maa",), (maa,), n, C, "[n, C]")
-    return T, C, n, D
+    return (T, C) + _check_maa_rest(op, xx, z, w2, maa, T, C, "[T, n*D]")
 
 
 def validate_maa_lora_one(xx, sx, xw, w1, w2, maa, op: str = "maa_lora_one") -> tuple:

@@ -129,7 +129,7 @@ class Server:
                                param="prompt", code="unsupported_parameter")
             prompt = prompt[0]
         tokens = self._encode(prompt) if isinstance(prompt, str) else list(prompt)
-        params = self._params(req, req.max_tokens if req.max_tokens is not None else None)
+        params = self._params(req, req.max_tokens)
         return Job(self._checked_prompt(tokens, "prompt"), params, emit)
 
     def chat_job(self, req: ChatRequest, emit) -> Job:
