@@ -5,7 +5,7 @@
 
 For each seeded random-weight checkpoint (bench_model's, written to --workdir when missing) and
 strategy, the model decodes a few warm-up tokens, then --tokens more with the plan's step
-profile on (OneTokenPlan.set_profiling, csrc/cpu/token_plan.cpp: each op call's wall time,
+profile on (StepPlan.set_profiling, csrc/cpu/step_plan.cpp: each op call's wall time,
 summed per step). It prints, per op and per token: how many steps call it, its time and share of
 the token, the bytes of the constant tensors its steps read (the weights and their side tensors;
 not the state) and the rate they were read at, then the time between the steps (the plan's own
@@ -50,16 +50,14 @@ def profile(path: Path, strategy: str, tokens: int, bandwidth: AdjacentBandwidth
 
     m = RWKV(model=str(path), strategy=strategy, verbose=False)
     _, state = m.forward([1, 2, 3, 4], None)
-    for t in range(4):  # the first one-token call traces and plans, the next ones lay out
+    for t in range(4):  # the first one-token call builds the plan, the next ones lay out products
         _, state = m.forward([10 + t], state)
-    graph = m._graph
-    plan = getattr(graph, "plan", None)
+    plans = m._rt.plans
+    plan = plans.get(1, False) if plans is not None else None
     if plan is None:
-        if graph is None or not hasattr(graph, "plan_failed"):
-            why = ("the model has no one-token CPU graph: RWKV_CPU_GRAPH=0, a strategy with layers "
-                   "off the CPU, or no compiled kernels")
-        else:
-            why = graph.failed or graph.plan_failed
+        why = plans.failed if plans is not None else (
+            "the model has no step plans: RWKV_CPU_PLAN=0, a strategy with layers off the CPU, or no "
+            "compiled kernels")
         return {"error": f"no one-token plan to profile ({why})"}
     bw_before = bandwidth.measure()
     plan.set_profiling(True)

@@ -24,7 +24,7 @@ from .loading import (CheckpointError, ModelInfo, check_finite, copy_out_of_mapp
                       open_checkpoint, read_checkpoint, resolve_path)
 from .models.base import Runtime, StateError, TokenError
 from .models.common import _compiled
-from .models.cpu_graph import CPUGraphDecoder, want_graph
+from .models.step_plan import StepPlans, want_plan
 from .models.cuda_graph import CudaGraphDecoder, graph_device
 from .strategy import StrategyError, parse_strategy, plan_layers
 from .upstream_v7 import WeightsView, one_step
@@ -183,14 +183,15 @@ class RWKV(torch.nn.Module):
     below the int8 weight's own, docs/kernels.md); ``rescale_layer`` overrides
     ``RWKV_RESCALE_LAYER``; ``cuda_graph=True``
     replays a CUDA graph for one-token calls (one CUDA device, no streaming, else ``ValueError``;
-    see ``rwkv/models/cuda_graph.py``); ``cpu_graph`` (None: where supported, unless
-    ``RWKV_CPU_GRAPH=0``; True: required; False: off) runs one-token calls on CPU as a traced graph
-    (same results, less Python per token; ``rwkv/models/cpu_graph.py``).
+    see ``rwkv/models/cuda_graph.py``); ``cpu_plan`` (None: where supported, unless
+    ``RWKV_CPU_PLAN=0``; True: required; False: off) runs decode steps on CPU (one-token calls and
+    the batched engine's steps) as compiled step plans (same results, no Python between the ops;
+    ``rwkv/models/step_plan.py``).
     """
 
     def __init__(self, model, strategy, verbose=True, convert_and_save_and_exit=None, *,
                  kernels: str | None = None, rescale_layer: int | None = None, cuda_graph: bool = False,
-                 exact_int8: bool | None = None, cpu_graph: bool | None = None):
+                 exact_int8: bool | None = None, cpu_plan: bool | None = None):
         """Load a checkpoint and place its layers as ``strategy`` says.
 
         model: checkpoint path (``.pth`` appended when missing, as upstream; ``.safetensors`` and
@@ -208,7 +209,7 @@ class RWKV(torch.nn.Module):
             raise TypeError(f"RWKV: exact_int8 must be True, False or None, got {exact_int8!r}")
         env, strat, path, sd, mapped, info, plan, rescale, mode = _load(model, strategy, rescale_layer, kernels)
         graph_dev = graph_device(plan, strat.normalized) if cuda_graph else None
-        use_cpu_graph = want_graph(cpu_graph, plan, mode, strat.normalized)
+        use_cpu_plan = want_plan(cpu_plan, plan, mode, strat.normalized)
         if convert_and_save_and_exit is None:
             _check_devices(strat)  # converting needs no device, like upstream's convert_model.py
         if convert_and_save_and_exit is not None and info.converted:
@@ -253,8 +254,10 @@ class RWKV(torch.nn.Module):
         self._rt = Runtime(info, w, plan, rescale, mode, self.exact_int8)
         self.cuda_graph = cuda_graph
         self._graph = CudaGraphDecoder(self._rt, graph_dev) if cuda_graph else None
-        if use_cpu_graph:
-            self._graph = CPUGraphDecoder(self._rt, explicit=cpu_graph is True)
+        if use_cpu_plan:
+            self._rt.plans = StepPlans(self._rt, explicit=cpu_plan is True)
+            if cpu_plan:  # required: built now, so that a model without compiled steps says so here
+                self._rt.plans.get(1, False)
         if verbose:
             self._print_plan(plan)
 
@@ -274,10 +277,15 @@ class RWKV(torch.nn.Module):
                 state_in = self._rt.zero_state()
             else:
                 state_in = self._rt.validate_state(state)
-            if self._graph is not None and (ids is None or ids.numel() == 1):
-                # one token: same result, logits [V]
+            done = None
+            if ids is None or ids.numel() == 1:  # one token: same result, logits [V]
                 token = one if ids is None else int(ids[0])
-                logits, new_state = self._graph.forward_one(token, state_in)
+                if self._graph is not None:
+                    done = self._graph.forward_one(token, state_in)
+                elif self._rt.plans is not None:
+                    done = self._rt.plans.forward_one(token, state_in)
+            if done is not None:
+                logits, new_state = done
             else:
                 ids = torch.tensor([one], dtype=torch.long) if ids is None else ids
                 logits, new_state = self._rt.forward(ids, state_in, bool(full_output))

@@ -10,7 +10,7 @@ reads no environment variable: ``rwkv.ops`` passes it the values it needs.
 extension is compiled. The README's settings table is ``markdown_table()`` (a test checks it).
 
     >>> from rwkv import settings
-    >>> settings.value("RWKV_CPU_GRAPH")          # True unless RWKV_CPU_GRAPH=0
+    >>> settings.value("RWKV_CPU_PLAN")           # True unless RWKV_CPU_PLAN=0
     True
 """
 
@@ -77,10 +77,10 @@ SETTINGS: tuple[Setting, ...] = (
             "1: one-token int8 products on CPU in fp32, as upstream computes them, instead of "
             "rounding the activation to int16 for exact integer dot products.",
             keyword="exact_int8"),
-    Setting("RWKV_CPU_GRAPH", "flag", True,
-            "0: one-token calls on CPU run op by op in Python instead of as the graph traced on "
-            "the first call (the same results).",
-            keyword="cpu_graph"),
+    Setting("RWKV_CPU_PLAN", "flag", True,
+            "0: decode steps on CPU (one-token calls, the batched engine's steps) run op by op in "
+            "Python instead of as compiled step plans (the same results).",
+            keyword="cpu_plan"),
     Setting("RWKV_CPU_ISA", "choice", None,
             "Caps the instruction set of the CPU kernels (the highest the CPU and OS support is "
             "used otherwise).",

@@ -1,5 +1,5 @@
 """DeepEmbed RWKV-7 checkpoints (rwkv/deep_embed.py) in our package: detection and validation, every
-CPU strategy, sequence vs one-token mode (the traced one-token graph included), the gate's per-row
+CPU strategy, sequence vs one-token mode (the one-token step plan included), the gate's per-row
 interface (rwkv/models/ffn.py), forward_one_alt, state tuning, conversion, PIPELINE and the CLI.
 Upstream's numbers are compared in tests/test_compat_v7_extras.py."""
 
@@ -107,14 +107,14 @@ def test_sequence_equals_token_by_token(fp32):
 
 
 @pytest.mark.parametrize("strategy", ["cpu fp32", "cpu bf16", "cpu fp32i8"])
-def test_one_token_graph_serves_every_token(de_path, strategy):
-    # The traced one-token graph takes the token id as an input (its tables' rows are gathered in
-    # the graph): bit for bit the op-by-op results over many different tokens and states.
+def test_one_token_plan_serves_every_token(de_path, strategy):
+    # The one-token step plan takes the token id as an input (its tables' rows are gathered in
+    # the plan): bit for bit the op-by-op results over many different tokens and states.
     graph = RWKV(de_path, strategy, verbose=False)
-    plain = RWKV(de_path, strategy, verbose=False, cpu_graph=False)
+    plain = RWKV(de_path, strategy, verbose=False, cpu_plan=False)
     a, sa = _token_by_token(graph, TOKENS)
     b, sb = _token_by_token(plain, TOKENS)
-    assert graph._graph is not None and graph._graph.failed is None and graph._graph.plan is not None
+    assert graph._rt.plans.get(1, False) is not None and graph._rt.plans.failed is None
     assert torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(sa, sb))
 
 

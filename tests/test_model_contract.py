@@ -235,9 +235,9 @@ def test_grouped_products_equal_separate_products(paths, v, strategy):
     def members(model, kind):
         return [g for m in model._rt.att + model._rt.ffn for g in vars(m).values() if isinstance(g, kind)]
 
-    # (Op by op: the traced graph, tested below, would call the groups only while tracing.)
-    grouped = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    separate = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    # (Op by op: the step plans, tests/test_step_plan.py, call the kernels from C++.)
+    grouped = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
+    separate = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
     groups, chains = members(separate, ProjectionGroup), members(separate, ProjectionChain)
     assert len(groups) == (3 if v == "7" else 2) * CFG["n_layer"] and all(g.op is not None for g in groups)
     assert len(chains) == (CFG["n_layer"] if v in ("6", "7") else 0) and all(c.op is not None for c in chains)
@@ -275,8 +275,8 @@ def test_slab_products_are_one_linear_one_slabs_call(paths, monkeypatch, v, stra
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
     monkeypatch.setattr(slabs, "SLAB_BYTES", 256)  # the 256-row FFN value matrices: 2 or 4 slabs
-    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    per_slab = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
+    per_slab = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
     split = [p for m in per_slab._rt.att + per_slab._rt.ffn for p in projections(m) if p.slabs is not None]
     assert split and all(p._slabs_one is not None for p in split)
     for p in split:
@@ -310,8 +310,8 @@ def test_residual_adds_in_the_products_equal_torch_adds(paths, v, strategy):
     from rwkv.models.common import projections
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
-    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    separate = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
+    separate = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
     for p in (p for m in separate._rt.att + separate._rt.ffn for p in projections(m)):
         assert p._residual_one is not None
         p._residual_one = None
@@ -341,8 +341,8 @@ def test_split_mix_ops_equal_stacked_mixes(paths, v, strategy):
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
-    split = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    stacked = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    split = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
+    stacked = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
     calls = []
     for m in stacked._rt.att + stacked._rt.ffn:
         assert m.ln_mix.split_op is not None and m.ln_mix.op is not None
@@ -401,8 +401,8 @@ def test_head_norm_op_equals_torch_in_the_model(paths, v, strategy):
     from rwkv import ops
     if "compiled" not in ops.backend_report().splitlines()[0]:
         pytest.skip("rwkv._C is not built: " + ops.backend_report().splitlines()[0])
-    fused = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
-    torch_ln = RWKV(paths[v], strategy, verbose=False, cpu_graph=False)
+    fused = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
+    torch_ln = RWKV(paths[v], strategy, verbose=False, cpu_plan=False)
     calls = []
     real = fused._rt.head_norm.op
     assert real is not None

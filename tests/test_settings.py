@@ -100,8 +100,8 @@ def test_the_readme_tables_are_the_registry():
 
 
 @pytest.mark.parametrize("name, raw, expected", [
-    ("RWKV_CPU_GRAPH", None, True), ("RWKV_CPU_GRAPH", "", True), ("RWKV_CPU_GRAPH", "0", False),
-    ("RWKV_CPU_GRAPH", " off ", False), ("RWKV_EXACT_INT8", "1", True), ("RWKV_EXACT_INT8", "yes", True),
+    ("RWKV_CPU_PLAN", None, True), ("RWKV_CPU_PLAN", "", True), ("RWKV_CPU_PLAN", "0", False),
+    ("RWKV_CPU_PLAN", " off ", False), ("RWKV_EXACT_INT8", "1", True), ("RWKV_EXACT_INT8", "yes", True),
     ("RWKV_EXACT_INT8", "0", False), ("RWKV_RESCALE_LAYER", "6", 6), ("RWKV_RESCALE_LAYER", None, None),
     ("RWKV_KERNELS", "Reference", "reference"), ("RWKV_KERNELS", "", "auto"),
     ("RWKV_CPU_READ_ORDER", "pairs", "streams"), ("RWKV_CPU_ISA", "avx2", "avx2"),
@@ -118,7 +118,7 @@ def test_values_parse(name, raw, expected, monkeypatch):
 
 
 @pytest.mark.parametrize("name, raw, expected, message", [
-    ("RWKV_CPU_GRAPH", "maybe", True, "RWKV_CPU_GRAPH must be 0 or 1, got 'maybe'; using 1"),
+    ("RWKV_CPU_PLAN", "maybe", True, "RWKV_CPU_PLAN must be 0 or 1, got 'maybe'; using 1"),
     ("RWKV_RESCALE_LAYER", "six", None, "RWKV_RESCALE_LAYER must be an integer, got 'six'"),
     ("RWKV_KERNELS", "fast", "auto", "RWKV_KERNELS must be auto, compiled or reference, got 'fast'; using 'auto'"),
     ("RWKV_CPU_ISA", "sse9", None, ("RWKV_CPU_ISA must be scalar, avx2, avx512, avx512vnni or avx512bf16, "

@@ -1,4 +1,4 @@
-// Results written into given tensors: the one-token plan (cpu/token_plan.cpp) reuses, from one
+// Results written into given tensors: a step plan (cpu/step_plan.cpp) reuses, from one
 // token to the next, the result tensors of the ops whose results nothing reads after the token,
 // instead of a new tensor per result per call (while decoding, each new tensor's allocation and
 // release touch memory the streamed weights have evicted). The *_into forms of the block and mix

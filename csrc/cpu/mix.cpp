@@ -59,7 +59,7 @@ class MixResults {
 };
 
 // The values of one row of C floats (the new shift state) as a [C] tensor in dt: into itself
-// where given (a plan's result tensor made at its start, cpu/token_plan.cpp), else a new one.
+// where given (a plan's result tensor made at its start, cpu/step_plan.cpp), else a new one.
 at::Tensor row_values(const float* row, int64_t C, at::ScalarType dt, const at::Tensor* into) {
   if (into != nullptr) check_into(*into, {C}, dt, "ln_mix_split's new shift state");
   at::Tensor t = into != nullptr ? *into : pooled_empty({C}, dt);

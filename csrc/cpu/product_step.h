@@ -1,4 +1,4 @@
-// A product op of the one-token plan (token_plan.cpp): linear_one_group, linear_one_chain,
+// A product op of a step plan (step_plan.cpp): linear_one_group, linear_one_chain,
 // linear_one_residual or linear_one_ffn, with the op's checks and layout (cpu/one_token.cpp) done
 // on its first call and kept. The plan calls it once per token with the same weights and the same
 // shapes (each later call checks that its x have the first call's dtypes and shapes, and that

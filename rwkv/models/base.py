@@ -16,6 +16,7 @@ from ..loading import ModelInfo
 from ..strategy import LayerPlacement
 from .common import HeadNorm, Projection, concrete_device, moved, projections, rows
 from .ffn import ChannelMix
+from .program import Program, Unsupported
 from .v4 import TimeMixV4
 from .v5 import TimeMixV5, TimeMixV6
 from .v7 import TimeMixV7
@@ -66,6 +67,7 @@ class Runtime:
         self.emb = w["emb.weight"]
         self.initial_matrix_state: list | None = None  # from time_state keys or load_state_tuning()
         self._flat_specs: list | None = None  # state_spec of every entry, built on first validation
+        self.plans = None  # the model's StepPlans (rwkv/models/step_plan.py) when decode steps run as plans
         if info.has_time_state and info.version >= 5:
             self.initial_matrix_state = self._time_state_from_weights()
 
@@ -171,7 +173,12 @@ class Runtime:
         Each weight is read once for all B rows (the products take the B rows as one matrix); the
         recurrences of the B rows run as one token with B times the heads. Returns logits [B, V]
         fp32. Row b's results are those of ``forward`` on sequence b alone, up to the rounding of
-        products computed for several rows at once."""
+        products computed for several rows at once. Runs as a step plan where the model has one
+        (the same ops), otherwise op by op."""
+        if self.plans is not None:
+            logits = self.plans.step_rows(tokens, state)
+            if logits is not None:
+                return logits
         info, per = self.info, self.per_layer
         x = self.emb[tokens]
         v_first = None
@@ -191,6 +198,54 @@ class Runtime:
                 x = x / 2
         x = moved(x, self.plan[info.n_layer].atype, self.devices[info.n_layer])
         return self.head(self.head_norm(x), torch.float32)
+
+    def program(self, B: int, inplace: bool) -> Program:
+        """One decode step of B rows as a Program (rwkv/models/program.py), built from the
+        layers' own steps: inputs [x (the B embedding rows), the token ids (DeepEmbed models
+        only), *state]; results [logits, *new state] (one-token: B = 1, not in place; logits
+        [V]) or [logits [B, V]] (``inplace``: the state entries, stacked as step_rows takes them
+        and flattened as ``flat_rows`` gives them, updated in place). Raises Unsupported when a
+        layer or the head has no compiled steps."""
+        info, per = self.info, self.per_layer
+        if any(d.type != "cpu" for d in self.devices):
+            raise Unsupported("the strategy puts layers or the head on a device other than the CPU")
+        if not inplace and B != 1:
+            raise ValueError("Runtime.program: a program that is not in place takes one row")
+        p = Program(B, inplace)
+        x = p.input(self.emb.dtype)
+        ids = p.input(torch.int64) if info.deep_embed else None
+        state = [p.input(dtype) for i in range(info.n_layer) for _, dtype, _, _ in self.state_spec(i)]
+        new_state: list = []
+        v_first = None
+        for i in range(info.n_layer):
+            x = p.to(x, self.plan[i].atype)
+            s = state[i * per:(i + 1) * per]
+            att, ffn = self.att[i], self.ffn[i]
+            if info.version == 4:
+                x, *new = att.steps(p, x, *s[:4])
+                x, sf = ffn.steps(p, x, s[4])
+            else:
+                if info.version == 7:
+                    x, v_first, *new = att.steps(p, x, s[0], s[1], v_first)
+                else:
+                    x, *new = att.steps(p, x, s[0], s[1])
+                x, sf = ffn.steps(p, x, s[2], ids)
+            new_state += [*new, sf]
+            if self.rescale > 0 and (i + 1) % self.rescale == 0:
+                x = p.call(torch.ops.aten.div.Scalar, x, 2)
+        x = p.to(x, self.plan[info.n_layer].atype)
+        logits = self.head.steps(p, self.head_norm.steps(p, x), torch.float32)
+        if not inplace:
+            logits = p.call(torch.ops.aten.select.int, logits, 0, 0)
+        p.results = [logits] + ([] if inplace else new_state)
+        return p
+
+    def flat_rows(self, state: list) -> list:
+        """B stacked states (step_rows' layout) as an in-place program takes them: matrix states
+        [B, H, N, N] as [B*H, N, N], RWKV-4's aa, bb, pp [B, A] as [B*A] (views)."""
+        if self.info.version == 4:
+            return [t if k % 5 in (0, 4) else t.view(-1) for k, t in enumerate(state)]
+        return [t.view(-1, *t.shape[2:]) if k % 3 == 1 else t for k, t in enumerate(state)]
 
     def run(self, x: torch.Tensor, state: list, full_output: bool, tokens: torch.Tensor | None = None):
         """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). tokens:

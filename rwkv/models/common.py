@@ -10,13 +10,14 @@ from .. import ops
 from ..ops._checks import ACTIVATIONS
 from ..ops.reference import activate, activate_, ln_mix_math, ln_mix_rows_math, rows
 from ..strategy import LayerPlacement
+from .program import Program, Unsupported, Val, activation_steps, need
 
 GROUP_NORM_EPS = 64e-5  # upstream's ln_x epsilon ("GN(x/8, eps=1e-5)")
 LAYER_NORM_EPS = 1e-5  # F.layer_norm's default, which upstream's layer norms use
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Over x's last dimension, w's length (read with rows(): a trace records no shape ops)."""
+    """Over x's last dimension, w's length."""
     return F.layer_norm(x, (rows(w),), weight=w, bias=b, eps=LAYER_NORM_EPS)
 
 
@@ -38,8 +39,8 @@ def concrete_device(device) -> torch.device:
 
 
 def moved(x: torch.Tensor, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """x in dtype on dev; x itself, without a call, when it already is (the traced one-token graph
-    then holds no no-op conversion per layer)."""
+    """x in dtype on dev; x itself, without a call, when it already is (no no-op conversion per
+    layer while decoding)."""
     return x if x.dtype == dtype and x.device == dev else x.to(dtype=dtype, device=dev)
 
 
@@ -188,6 +189,20 @@ class LnMix:
         return xx, list(mixed.unbind(0))
 
 
+    def steps(self, p: Program, x: Val, sx: Val) -> tuple:
+        """``__call__`` (a one-token program: sx [C]) or ``rows`` (an in-place program: sx
+        [B, C]) as program steps: (xx, the new shift state's value, the mixes). In place, the new
+        shift state is xx itself, for the layer to write into sx (``Program.update``) once nothing
+        reads sx any more."""
+        if not p.inplace:
+            xx, shift, *mixed = p.call(need(self.split_op, "ln_mix_split"), x, sx, *self.op_params,
+                                       self.lerp, LAYER_NORM_EPS, n=2 + self.mix.shape[0])
+            return xx, shift, mixed
+        xx, *mixed = p.call(need(self.rows_op, "ln_mix_rows"), x, sx, *self.op_params, self.lerp,
+                            LAYER_NORM_EPS, n=1 + self.mix.shape[0])
+        return xx, xx, mixed
+
+
 class Tiled:
     """Per-channel parameters repeated for B rows laid end to end (``make(B)``), for block ops run
     on B sequences at once as one sequence of B*H heads (a batch of one-token steps: the heads of
@@ -226,6 +241,11 @@ class HeadNorm:
         if self.op is None:
             return layer_norm(x, self.w, self.b)
         return self.op(x, *self.args, False, LAYER_NORM_EPS)[0]
+
+    def steps(self, p: Program, x: Val) -> Val:
+        """``__call__`` of x [B, C] as program steps (the layer norm of each row: the op's shift
+        state and mixes take no part)."""
+        return p.call(need(self.op, "the head's layer norm"), x, *self.args, False, LAYER_NORM_EPS, n=2)[0]
 
 
 class Projection:
@@ -336,12 +356,12 @@ class Projection:
         return (self._rows is not None and x.dim() == 2 and 1 < rows(x) <= ROWS_MAX
                 and x.dtype == self.weight.dtype)
 
-    def _slabs_take(self, x: torch.Tensor) -> bool:
-        """Whether linear_one_slabs computes this one-token product of x (int8: unless
-        use_exact_int8() chose mm8_one's fp32 math)."""
+    def _slabs_take(self, dtype: torch.dtype) -> bool:
+        """Whether linear_one_slabs computes this one-token product of x of ``dtype`` (int8:
+        unless use_exact_int8() chose mm8_one's fp32 math)."""
         if self.int8:
-            return self._one_act and x.dtype in FUSED_DTYPES["cpu"]
-        return x.dtype == self.weight.dtype
+            return self._one_act and dtype in FUSED_DTYPES["cpu"]
+        return dtype == self.weight.dtype
 
     def _weight(self) -> torch.Tensor:
         if self.stream:
@@ -387,13 +407,74 @@ class Projection:
     def _one_token_kernel(self, x: torch.Tensor) -> bool:
         """Whether this one-token product of x is one of the compiled kernels linear_one_residual
         runs (linear_one, mm8_one_i16 or linear_one_slabs), as __call__ would choose it."""
-        if rows(x) != 1 or self.stream:
+        return rows(x) == 1 and self.one_token_kernel_for(x.dtype)
+
+    def one_token_kernel_for(self, dtype: torch.dtype) -> bool:
+        """_one_token_kernel for one row of ``dtype``."""
+        if self.stream:
             return False
         if self.slabs is not None:
-            return self._slabs_one is not None and self._slabs_take(x)
+            return self._slabs_one is not None and self._slabs_take(dtype)
         if self.int8:
             return self._one_act
-        return self._dense_one is not None and x.dtype == self.weight.dtype
+        return self._dense_one is not None and dtype == self.weight.dtype
+
+    def _product_steps(self, p: Program, x: Val, act: int, W=None, side=None, one_side=None) -> tuple:
+        """_product of B = p.B rows as program steps: (y, whether act is applied). W, side,
+        one_side: a row slab's (default: the whole weight's)."""
+        if self.stream or self.device.type != "cpu":
+            raise Unsupported(f"{self.key} is not a CPU product")
+        W = self.weight if W is None else W
+        side = self.side if side is None else side
+        one_side = self.one_side if one_side is None else one_side
+        if self.int8:
+            if p.B == 1:
+                if self._one_act:
+                    return p.call(need(self._one, "mm8_one_i16"), x, W, *one_side, act), True
+                return p.call(need(self._one, "mm8_one"), x, W, *side), False
+            if self._rows_i16 is not None and p.B <= ROWS_MAX:
+                return p.call(self._rows_i16, x, W, *one_side, act), True
+            return p.call(need(self._seq, "mm8_seq"), x, W, *side), False
+        if x.dtype != W.dtype:
+            raise Unsupported(f"{self.key}: {x.dtype} rows of a {W.dtype} weight")
+        if p.B == 1:
+            return p.call(need(self._dense_one, "linear_one"), x, W, act), True
+        if self._rows is None or p.B > ROWS_MAX:
+            raise Unsupported(f"{self.key}: no linear_rows for {p.B} rows")
+        return p.to(p.call(self._rows, x, W, dtype=torch.float32), x.dtype), False
+
+    def steps(self, p: Program, x: Val, out_dtype: torch.dtype | None = None, act: int = 0) -> Val:
+        """``__call__(x, out_dtype, act)`` of x [p.B, in] as program steps (the ops it runs for that
+        many rows; act: an ACTIVATIONS code)."""
+        if self.slabs is None:
+            y, done = self._product_steps(p, x, act)
+        elif p.B == 1 and self._slabs_one is not None and self._slabs_take(x.dtype):
+            y, done = p.call(self._slabs_one, x, self.weight, list(self.one_side), act), True
+        elif self._rows is not None and 1 < p.B <= ROWS_MAX and x.dtype == self.weight.dtype:
+            y, done = p.to(p.call(self._rows, x, self.weight, dtype=torch.float32), x.dtype), False
+        else:  # the slabs' products summed in fp32
+            aten = torch.ops.aten
+            parts = [self._product_steps(p, p.call(aten.slice.Tensor, x, 1, r.start, r.stop, 1), 0, q, side, side)[0]
+                     for r, q, side in self.slabs]
+            y, done = p.to(parts[0], torch.float32), False
+            for part in parts[1:]:
+                y = p.call(aten.add_.Tensor, y, part)
+            y = p.to(y, parts[0].dtype)
+        if not done:
+            y = activation_steps(p, y, act)
+        return y if out_dtype is None else p.to(y, out_dtype)
+
+    def add_to_steps(self, p: Program, base: Val, x: Val, gate: Val | None = None) -> Val:
+        """``add_to(base, x, gate)`` as program steps."""
+        one = (p.B == 1 and self._residual_one is not None and self.one_token_kernel_for(x.dtype)
+               and base.dtype == x.dtype and (gate is None or gate.dtype == x.dtype))
+        if one:
+            side = list(self.one_side) if self.int8 else []
+            return p.call(self._residual_one, x, self.weight, side, 0, base, gate)
+        y = self.steps(p, x)
+        if gate is not None:
+            y = p.call(torch.ops.aten.mul.Tensor, gate, y)
+        return p.call(torch.ops.aten.add.Tensor, base, y)
 
     def add_to(self, base: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """``base + self(x)``, or ``base + gate * self(x)``: the block's residual add (and the FFN's
@@ -414,7 +495,7 @@ class Projection:
         code = ACTIVATIONS[act] if act else 0
         if self.slabs is None:
             y, done = self._product(x, self._weight(), self.side, self.one_side, out_dtype, code)
-        elif self._slabs_one is not None and rows(x) == 1 and self._slabs_take(x):
+        elif self._slabs_one is not None and rows(x) == 1 and self._slabs_take(x.dtype):
             y, done = self._slabs_one(x, self.weight, list(self.one_side), code), True
         elif self._rows_take(x):
             y, done = self._rows(x, self.weight).to(x.dtype), False
@@ -464,6 +545,20 @@ class ProjectionGroup:
             return self.finish(self.op(xs, self.weights, self.side, self.acts))
         return [p(x, od, act) for (p, act, od), x in zip(self.members, xs)]
 
+    def fusable_steps(self, p: Program, xs: list) -> bool:
+        """fusable() for the program's values."""
+        return (self.op is not None and p.B == 1 and all(q.groupable for q in self.projs)
+                and all(x.dtype == q.weight.dtype for x, q in zip(xs, self.projs) if not q.int8))
+
+    def finish_steps(self, p: Program, ys: list) -> list:
+        return [y if od is None else p.to(y, od) for y, od in zip(ys, self.out_dtypes)]
+
+    def steps(self, p: Program, xs: list) -> list:
+        """``__call__(xs)`` as program steps."""
+        if self.fusable_steps(p, xs):
+            return self.finish_steps(p, p.call(self.op, xs, self.weights, self.side, self.acts, n=len(xs)))
+        return [q.steps(p, x, od, act) for (q, _, od), act, x in zip(self.members, self.acts, xs)]
+
 
 class ProjectionChain:
     """Two ProjectionGroups of the same token, the second's inputs being results of the first (the
@@ -491,6 +586,16 @@ class ProjectionChain:
             return self.first.finish(ys[:len(xs)]), self.second.finish(ys[len(xs):])
         a = self.first(xs)
         return a, self.second([a[j] for j in self.src])
+
+    def steps(self, p: Program, xs: list) -> tuple:
+        """``__call__(xs)`` as program steps."""
+        if self.op is not None and self.first.fusable_steps(p, xs) \
+                and self.second.fusable_steps(p, [xs[j] for j in self.src]):
+            ys = p.call(self.op, xs, self.weights, self.side, self.acts, self.src,
+                        n=len(xs) + len(self.second.projs))
+            return self.first.finish_steps(p, ys[:len(xs)]), self.second.finish_steps(p, ys[len(xs):])
+        a = self.first.steps(p, xs)
+        return a, self.second.steps(p, [a[j] for j in self.src])
 
 
 def _slab_side(side: tuple, r0: int, r1: int) -> tuple:

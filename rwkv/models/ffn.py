@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import deep_embed, ops
+from .program import Program, Val
 from .common import LnMix, Projection, ProjectionGroup, _compiled, concrete_device, moved
 
 
@@ -95,6 +96,40 @@ class ChannelMix:
             return self._products(x, mixed, -1)
         kx, rx = mixed
         return self._products(x, [rx, kx], 0)
+
+    def steps(self, p: Program, x: Val, sx: Val, tokens: Val | None = None) -> tuple:
+        """``__call__`` (a one-token program) or ``rows`` (an in-place program) as program steps;
+        tokens: the rows' token ids (DeepEmbed layers). Returns (x + out, the new shift state)."""
+        xx, shift, mixed = self.ln_mix.steps(p, x, sx)
+        shift = p.update(sx, shift)
+        if self.s_emb is not None:
+            if tokens is None:
+                self._check_tokens(tokens)
+            h = self.rk.steps(p, mixed)[0]
+            gate = self._deep_embed_gate_steps(p, xx, tokens)
+            return self.value.add_to_steps(p, x, p.call(torch.ops.aten.mul.Tensor, h, gate)), shift
+        if self.version == 7:
+            xs, gate = mixed, -1
+        else:
+            kx, rx = mixed
+            xs, gate = [rx, kx], 0
+        value = self.value
+        if (self.one_op is not None and self.rk.fusable_steps(p, xs) and value.one_token_kernel_for(xs[-1].dtype)
+                and x.dtype == xs[-1].dtype):
+            side = self.rk.side + (list(value.one_side) if value.int8 else [])
+            return p.call(self.one_op, xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
+        ys = self.rk.steps(p, xs)
+        return value.add_to_steps(p, x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift
+
+    def _deep_embed_gate_steps(self, p: Program, xf: Val, tokens: Val) -> Val:
+        """deep_embed_gate as program steps (deep_embed.gate_math's ops, on the table's rows)."""
+        aten, R = torch.ops.aten, deep_embed.RANK
+        rows = p.call(aten.index_select.default, self.s_emb, 0, tokens, dtype=self.s_emb.dtype)
+        rows = p.to(rows, self.dtype)
+        z = p.call(aten.unsqueeze.default, p.call(aten.mm.default, xf, self.s1), 1)
+        ss = p.call(aten.bmm.default, z, p.call(aten.reshape.default, rows, [-1, R, R]))
+        ss = p.call(aten.squeeze.dim, ss, 1)
+        return p.call(aten.add.Tensor, p.call(aten.mm.default, ss, self.s2), self.s0)
 
     def _products(self, x, xs, gate):
         ys = self.rk(xs)  # (r and) the key's relu squared

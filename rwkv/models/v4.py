@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from .program import Program, Val, need
 from .common import LnMix, Projection, ProjectionGroup, Tiled, flat, fused_op, moved
 
 
@@ -49,6 +50,22 @@ class TimeMixV4:
         for t, n in zip(state, new):
             t.copy_(n)
         return self.output.add_to(x, y.view(B, -1))
+
+    def steps(self, p: Program, x: Val, sx: Val, aa: Val, bb: Val, pp: Val) -> tuple:
+        """``__call__`` (a one-token program) or ``rows`` (an in-place program; aa, bb, pp
+        [B*A]) as program steps. Returns (x + out, the new sx, aa, bb, pp)."""
+        xx, shift, (kx, vx, rx) = self.ln_mix.steps(p, x, sx)
+        r, k, v = self.rkv.steps(p, [rx, kx, vx])
+        block, B = need(self.block, "wkv4_block"), p.B
+        if B > 1:
+            r, k, v = (p.view(t, 1, -1) for t in (r, k, v))
+        decay, first = self.tiled(B) if B > 1 else (self.decay, self.first)
+        y, *new = p.call(block, decay, first, k, v, r, aa, bb, pp, n=4, dtype=r.dtype)
+        for n in new:
+            n.dtype = torch.float32
+        aa, bb, pp = (p.update(t, n) for t, n in zip((aa, bb, pp), new))
+        y = y if B == 1 else p.view(y, B, -1)
+        return self.output.add_to_steps(p, x, y), p.update(sx, shift), aa, bb, pp
 
     def _wkv(self, r, k, v, aa, bb, pp, decay, first):
         """The recurrence from aa, bb, pp (never written) and the gate: (r * wkv, new aa, bb, pp)."""

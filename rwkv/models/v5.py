@@ -6,6 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import group_norm, maa_mix_math, maa_mix_rows_math, rows, wkv6_block_math
+from .program import Program, Val, need
 from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, Tiled, flat,
                      fused_op, stacked_mixes, state_buffer)
 
@@ -74,6 +75,33 @@ class TimeMixV5:
         B = x.shape[0]
         y = self._block_rows(S.view(B * self.H, self.N, self.N), [flat(t) for t in inputs], B, x.dtype)
         return self.output.add_to(x, y.view(B, -1))
+
+    def steps(self, p: Program, x: Val, sx: Val, S: Val) -> tuple:
+        """``__call__`` (a one-token program) or ``rows`` (an in-place program; S [B*H, N, N]) as
+        program steps. Returns (x + out, the new shift state, the new matrix state)."""
+        xx, shift, mixed = self.ln_mix.steps(p, x, sx)
+        inputs = self._products_steps(p, xx, sx, mixed)
+        if p.B > 1:
+            inputs = [p.view(t, 1, -1) if isinstance(t, Val) else t for t in inputs]
+        y, S_new = self._block_steps(p, S, *inputs, x.dtype)
+        y = y if p.B == 1 else p.view(y, p.B, -1)
+        return self.output.add_to_steps(p, x, y), p.update(sx, shift), S_new
+
+    def _products_steps(self, p, xx, sx, mixed):
+        """_products as program steps (the decay: a constant)."""
+        r, k, v, *g = self.products.steps(p, [mixed[2], mixed[0], mixed[1]] + mixed[3:])
+        return r, k, v, g[0] if g else None, self.decay
+
+    def _block_steps(self, p, S, r, k, v, g, decay, dtype):
+        """_block (one-token program) or _block_rows (in place) as program steps, on the values r,
+        k, v and g of the rows (flattened to one row in place): (y, the new state)."""
+        B = p.B
+        decay, first, lx_w, lx_b = self.tiled(B) if B > 1 else (decay, self.first, self.lx_w, self.lx_b)
+        S_new = S if p.inplace else p.call(torch.ops.aten.clone.default, S)
+        y = p.call(need(self.wkv, self.op_name), S_new, r, k, v, decay, first, dtype=torch.float32)
+        y = p.call(torch.ops.aten.group_norm.default, y, B * self.H, lx_w, lx_b, GROUP_NORM_EPS, True)
+        y = p.to(y, dtype)
+        return (y if g is None else p.call(torch.ops.aten.mul.Tensor, y, g)), S_new
 
     def _tile(self, B):
         return self.decay.repeat(B, 1), self.first.repeat(B, 1), self.lx_w.repeat(B), self.lx_b.repeat(B)
@@ -152,6 +180,29 @@ class TimeMixV6(TimeMixV5):
         wx, kx, vx, rx, gx = mixed  # (5 x [T, C]): w, k, v, r, g
         (r, k, v, g, _), (w,) = self.decay_products([rx, kx, vx, gx, wx])
         return r, k, v, g, w
+
+    def _products_steps(self, p, xx, sx, mixed):
+        (xmaa,) = mixed
+        w1 = self.maa_w1.weight
+        if p.inplace:
+            z = self.maa_w1.steps(p, xmaa)
+            mixed = p.call(need(self.maa_rows_op, "maa_mix_rows"), xx, sx, z, self.maa_w2, self.maa_rows, n=5)
+        elif self.maa_lora is not None and xmaa.dtype == w1.dtype:
+            mixed = p.call(self.maa_lora, xx, sx, xmaa, w1, self.maa_w2, self.maa_rows, n=5)
+        else:
+            z = self.maa_w1.steps(p, xmaa)
+            mixed = p.call(need(self.maa_split, "maa_mix_split"), xx, sx, z, self.maa_w2, self.maa_rows, n=5)
+        wx, kx, vx, rx, gx = mixed
+        (r, k, v, g, _), (w,) = self.decay_products.steps(p, [rx, kx, vx, gx, wx])
+        return r, k, v, g, w
+
+    def _block_steps(self, p, S, r, k, v, g, w, dtype):
+        block = need(self.block, "wkv6_block")
+        if not p.inplace:  # reads S, writes the new state
+            S_new = p.call(need(self.state_buffer, "pooled_empty_like"), S)
+            return p.call(block, S_new, r, k, v, w, g, self.block_params, GROUP_NORM_EPS, S, dtype=g.dtype), S_new
+        params = self.tiled(p.B) if p.B > 1 else self.block_params
+        return p.call(block, S, r, k, v, w, g, params, GROUP_NORM_EPS, dtype=g.dtype), S
 
     def _mix_rows(self, xx, prev, z):
         """The 5 mixes of B one-token rows, prev [B, C] their shift states: on CPU the compiled

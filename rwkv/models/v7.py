@@ -6,6 +6,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import wkv7_block_math
+from .program import Program, Val, need
 from .common import (GROUP_NORM_EPS, LnMix, Projection, ProjectionChain, ProjectionGroup, Tiled, flat,
                      fused_op, moved, state_buffer)
 
@@ -70,6 +71,30 @@ class TimeMixV7:
         sx.copy_(xx)
         x, v_first, _ = self._mixed(x, mixed, S, v_first, batch=True)
         return x, v_first
+
+    def steps(self, p: Program, x: Val, sx: Val, S: Val, v_first: Val | None) -> tuple:
+        """``__call__`` (a one-token program) or ``rows`` (an in-place program; S [B*H, N, N]) as
+        program steps. Returns (x + out, v_first, the new shift state, the new matrix state)."""
+        xx, shift, (xr, xw, xk, xv, xaa, xg) = self.ln_mix.steps(p, x, sx)
+        (r, w1, k, v, a1, g1, *v1), (w, a, g, *v2) = self.products.steps(
+            p, [xr, xw, xk, xv, xaa, xg] + ([xv] if self.layer else []))
+        if self.layer == 0:
+            v_first, v_gate, vf = v, None, None
+        else:
+            v_first = vf = p.to(v_first, v.dtype)
+            v_gate = v2[0]
+        block = need(self.block, "wkv7_block")
+        if not p.inplace:  # reads S, writes the new state
+            S_new = p.call(need(self.state_buffer, "pooled_empty_like"), S)
+            y = p.call(block, S_new, r, w, k, v, a, g, vf, v_gate, self.block_params, GROUP_NORM_EPS, S,
+                       dtype=r.dtype)
+        else:  # the B rows' recurrences as one token of B*H heads, in S itself
+            B, S_new = p.B, S
+            acts = [t if t is None or B == 1 else p.view(t, 1, -1) for t in (r, w, k, v, a, g, vf, v_gate)]
+            y = p.call(block, S, *acts, self.tiled(B) if B > 1 else self.block_params, GROUP_NORM_EPS,
+                       dtype=r.dtype)
+            y = y if B == 1 else p.view(y, B, -1)
+        return self.output.add_to_steps(p, x, y), v_first, p.update(sx, shift), S_new
 
     def _mixed(self, x, mixed, S_old, v_first, batch=False):
         """From the mixes on: (x + out, v_first, the new state). With ``batch``, the B rows'

@@ -132,23 +132,14 @@ def wkv7_inplace_math(state, r, w, k, v, a, b):
 
 
 def group_norm(y, groups, w, b, eps):
-    """F.group_norm of y [T, C] (the same op, torch.group_norm) without F's Python batch-size
-    check, which a trace (rwkv/models/cpu_graph.py) would record as a use of a value."""
+    """F.group_norm of y [T, C]: the same op (torch.group_norm), without F's Python batch-size
+    check."""
     return torch.group_norm(y, groups, w, b, eps)
 
 
 def rows(x: torch.Tensor) -> int:
-    """x.shape[0] as a Python int, also while rwkv/models/cpu_graph.py traces the one-token forward
-    (a trace records shapes as tensors; that graph only ever runs with the traced shapes)."""
-    n = x.shape[0]
-    if type(n) is int:
-        return n
-    tracing = torch._C._get_tracing_state()
-    torch._C._set_tracing_state(None)
-    try:
-        return x.shape[0]
-    finally:
-        torch._C._set_tracing_state(tracing)
+    """x's number of rows (x.shape[0]) as a Python int."""
+    return int(x.shape[0])
 
 
 def token_shift(xx, sx):

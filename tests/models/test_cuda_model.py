@@ -272,7 +272,7 @@ def test_cpu_cuda_graph_rejects_unsupported_strategies(v7_path, strategy, why):
     ("cuda fp16", 2), ("cuda:0 bf16i8", 3), ("cuda fp16 *1 -> cuda:0 fp16", 2),
     ("cuda fp16 *2+", 2),  # every layer stored; the head slot's stream flag never applies to the head
 ])
-def test_cpu_graph_device_accepts_one_device_without_streaming(strategy, n_layer):
+def test_cuda_graph_device_accepts_one_device_without_streaming(strategy, n_layer):
     plan = plan_layers(parse_strategy(strategy), n_layer)
     assert graph_device(plan, strategy).type == "cuda"
 

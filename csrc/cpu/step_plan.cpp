@@ -1,34 +1,32 @@
-// The one-token plan (torch.classes.rwkv.OneTokenPlan): a traced one-token graph
-// (rwkv/models/cpu_graph.py) as a list of op calls, run without TorchScript's interpreter.
+// The step plan (torch.classes.rwkv.StepPlan): a decode step's program, the layers' own list of
+// op calls (rwkv/models/program.py), run without Python between the ops.
 //
-// Why: while decoding a 1.5b model on CPU, the interpreter and the dispatcher between the ops
-// cost a noticeable share of a token: every call builds its list
-// arguments anew (a product group's weights and their side tensors, 20-30 tensors), boxes them
-// into IValues, passes our Autograd kernel and unboxes them again, each step touching memory
-// that the weights streamed in between have evicted from the caches. A plan builds each call's
-// constant arguments once (its weight lists stay built) and calls the op's CPU kernel directly,
-// unboxed (the dispatcher's typed redispatch to the CPU key: the very function the graph's call
-// ends in, so the results are the same bits). Ops without a typed entry here (torch's own, and
-// rwkv ops no one-token model path calls) are called boxed through the dispatcher, as the
-// interpreter calls them.
+// Why: while decoding a 1.5b model on CPU, Python and the dispatcher between the ops cost a
+// noticeable share of a token: every call builds its list arguments anew (a product group's
+// weights and their side tensors, 20-30 tensors), boxes them into IValues, passes our Autograd
+// kernel and unboxes them again, each step touching memory that the weights streamed in between
+// have evicted from the caches. A plan builds each call's constant arguments once (its weight
+// lists stay built) and calls the op's CPU kernel directly, unboxed (the dispatcher's typed
+// redispatch to the CPU key: the very function a call from Python ends in, so the results are
+// the same bits). Ops without a typed entry here (torch's own: views, copies, activations,
+// adds) are called boxed through the dispatcher.
 //
-// The program comes from Python (cpu_graph.encode_plan) as flat integers, built from a graph
-// whose nodes are constants, list constructions and unpackings, and op calls:
+// The program comes from Python (Program.encode) as flat integers:
 //   [n_inputs, n_slots, n_steps, step..., n_results, ref...]
 //   step: [op index, n_args, arg..., n_outs, slot...]
 //   arg:  0 ref (a tensor) | 1 n ref... (a tensor list) | 2 v (an int) | 3 n v... (an int list)
 //       | 4 i (the float floats[i]) | 5 v (a bool) | 6 (None)
-//   ref:  >= 0 a slot (0: x, 1..n_inputs-1: the state, then the steps' results); < 0 the
+//   ref:  >= 0 a slot (0: x, 1..n_inputs-1: the other inputs, then the steps' results); < 0 the
 //         constant consts[-ref - 1]
-// A step's slots take its results in order (a Tensor[] result: its elements, as the graph's
-// unpacking of it). Each slot is released after the step that uses it last, as the interpreter
-// frees values, so the ops' block pool gets memory back within the token.
+// A step's slots take its results in order (a Tensor[] result: its elements). Each slot is
+// released after the step that uses it last, so the ops' block pool gets memory back within the
+// step.
 //
 // Two more savings, both keeping the op's computation: the product ops run as planned products
 // (product_step.h: checks and layout kept from the first call), and where no result of a step
-// can be read after the token (none is a result of the graph, and only typed steps, rwkv ops
+// can be read after the call (none is a result of the program, and only typed steps, rwkv ops
 // that never return an input or a view of one, read them), the step writes its results into the
-// same tensors every token (its first call's; into.h). A plan runs one call at a time (a lock):
+// same tensors every call (its first call's; into.h). A plan runs one call at a time (a lock):
 // those steps keep state between calls.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -101,7 +99,7 @@ class Args {
   at::Tensor& mut_tensor(size_t k) {
     const int64_t r = s_.args[k].ref;
     if (r >= 0) return env_[static_cast<size_t>(r)];
-    held_[k] = ref(r);  // a constant (no model graph writes one): a handle of our own
+    held_[k] = ref(r);  // a constant (no program writes one): a handle of our own
     return held_[k];
   }
 
@@ -205,7 +203,7 @@ void store(const Step& s, Env& env, at::Tensor&& y) {
 }
 
 void store(const Step& s, Env& env, std::vector<at::Tensor>&& ys) {
-  TORCH_CHECK(ys.size() >= s.outs.size(), "OneTokenPlan: ", s.op, " returned ", ys.size(),
+  TORCH_CHECK(ys.size() >= s.outs.size(), "StepPlan: ", s.op, " returned ", ys.size(),
               " tensors where the plan unpacks ", s.outs.size());
   for (size_t j = 0; j < s.outs.size(); ++j) env[static_cast<size_t>(s.outs[j])] = std::move(ys[j]);
 }
@@ -217,11 +215,11 @@ template <class Ret, class... P>
 struct Typed<Ret(P...)> {
   template <size_t... K>
   static Call make(const Step& s, std::index_sequence<K...>) {
-    TORCH_CHECK(s.args.size() == sizeof...(P), "OneTokenPlan: ", s.op, " takes ", sizeof...(P),
+    TORCH_CHECK(s.args.size() == sizeof...(P), "StepPlan: ", s.op, " takes ", sizeof...(P),
                 " arguments, the program gives ", s.args.size());
     const bool ok[] = {true, accepts<P>(s.args[K].tag)...};
     for (size_t k = 0; k < sizeof...(P); ++k)
-      TORCH_CHECK(ok[k + 1], "OneTokenPlan: argument ", k, " of ", s.op,
+      TORCH_CHECK(ok[k + 1], "StepPlan: argument ", k, " of ", s.op,
                   " has the wrong kind in the program");
     const c10::TypedOperatorHandle<Ret(P...)> op =
         c10::Dispatcher::singleton().findSchemaOrThrow(s.op.c_str(), "").typed<Ret(P...)>();
@@ -242,7 +240,7 @@ using IL = c10::IntArrayRef;
 using OT = const std::optional<at::Tensor>&;
 using Vec = std::vector<at::Tensor>;
 
-// The rwkv ops of the one-token model paths, with their CPU kernels' C++ signatures (the
+// The rwkv ops of the decode programs, with their CPU kernels' C++ signatures (the
 // dispatcher checks each against the registered kernel when the plan is built).
 Call typed_call(const Step& s) {
   const std::string& n = s.op;
@@ -257,6 +255,10 @@ Call typed_call(const Step& s) {
   if (n == "rwkv::linear_one") return Typed<at::Tensor(T, T, int64_t)>::make(s);
   if (n == "rwkv::mm8_one_i16") return Typed<at::Tensor(T, T, T, T, T, T, int64_t)>::make(s);
   if (n == "rwkv::pooled_empty_like") return Typed<at::Tensor(T)>::make(s);
+  if (n == "rwkv::ln_mix_rows") return Typed<Vec(T, T, T, T, T, bool, double)>::make(s);
+  if (n == "rwkv::maa_mix_rows") return Typed<Vec(T, T, T, T, T)>::make(s);
+  if (n == "rwkv::linear_rows") return Typed<at::Tensor(T, T)>::make(s);
+  if (n == "rwkv::mm8_rows_i16") return Typed<at::Tensor(T, T, T, T, T, T, int64_t)>::make(s);
   if (n == "rwkv::wkv4_block") return Typed<Vec(T, T, T, T, T, T, T, T)>::make(s);
   if (n == "rwkv::wkv6_block") return Typed<at::Tensor(TM, T, T, T, T, T, T, double, OT)>::make(s);
   if (n == "rwkv::wkv7_block")
@@ -336,7 +338,7 @@ struct Reusing<Ret(P...)> {
 };
 
 // The block and mix ops with an *_into form, reusing the results marked in reuse; nullptr for
-// other ops or where nothing is reused. ln_mix_split's new shift state, a result of the graph
+// other ops or where nothing is reused. ln_mix_split's new shift state, a result of the program
 // (never reused), is then made at the plan's start instead (*prepare, Reusing's fresh).
 Call reusing_call(const Step& s, const std::vector<bool>& reuse, std::function<void()>* prepare) {
   bool any = false;
@@ -419,7 +421,7 @@ at::Tensor widened_bf16(const at::Tensor& t) {
   return out;
 }
 
-// The two aten steps a one-token graph ends with, run without the dispatcher where they can be:
+// The two aten steps a one-token program ends with, run without the dispatcher where they can be:
 // the head's result [1, V] taken as [V] (aten::select.int) and, for bf16 activations, the logits
 // widened to fp32 (aten::to.dtype), with the same values. They run right after the head has
 // streamed the largest weight, which flushes the dispatcher's code and tables from the caches,
@@ -471,14 +473,14 @@ Call boxed_call(const Step& s) {
   const std::string overload = dot == std::string::npos ? "" : s.op.substr(dot + 1);
   const std::optional<c10::OperatorHandle> found =
       c10::Dispatcher::singleton().findSchema({name, overload});
-  TORCH_CHECK_VALUE(found.has_value(), "OneTokenPlan: no op named ", s.op);
+  TORCH_CHECK_VALUE(found.has_value(), "StepPlan: no op named ", s.op);
   const c10::OperatorHandle op = *found;
   const auto& want = op.schema().arguments();
-  TORCH_CHECK(want.size() == s.args.size(), "OneTokenPlan: ", s.op, " takes ", want.size(),
+  TORCH_CHECK(want.size() == s.args.size(), "StepPlan: ", s.op, " takes ", want.size(),
               " arguments, the program gives ", s.args.size());
   const auto& rets = op.schema().returns();
   const bool one_list = rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType;
-  TORCH_CHECK(one_list || s.outs.size() <= rets.size(), "OneTokenPlan: ", s.op, " returns ",
+  TORCH_CHECK(one_list || s.outs.size() <= rets.size(), "StepPlan: ", s.op, " returns ",
               rets.size(), " values where the plan takes ", s.outs.size());
   return [op, one_list](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
     Args a(st, consts, env);
@@ -532,13 +534,13 @@ class Reader {
  public:
   explicit Reader(c10::IntArrayRef code) : code_(code) {}
   int64_t next(const char* what) {
-    TORCH_CHECK_VALUE(pos_ < code_.size(), "OneTokenPlan: the program ends early (reading ", what,
+    TORCH_CHECK_VALUE(pos_ < code_.size(), "StepPlan: the program ends early (reading ", what,
                       " at ", pos_, ")");
     return code_[pos_++];
   }
   int64_t count(const char* what, int64_t most) {
     const int64_t n = next(what);
-    TORCH_CHECK_VALUE(n >= 0 && n <= most, "OneTokenPlan: ", what, " must be in [0, ", most,
+    TORCH_CHECK_VALUE(n >= 0 && n <= most, "StepPlan: ", what, " must be in [0, ", most,
                       "], got ", n);
     return n;
   }
@@ -550,22 +552,22 @@ class Reader {
   size_t pos_ = 0;
 };
 
-class OneTokenPlan : public torch::CustomClassHolder {
+class StepPlan : public torch::CustomClassHolder {
  public:
-  OneTokenPlan(std::vector<at::Tensor> consts, std::vector<int64_t> code, std::vector<double> floats,
+  StepPlan(std::vector<at::Tensor> consts, std::vector<int64_t> code, std::vector<double> floats,
                std::vector<std::string> ops)
       : consts_(std::move(consts)) {
     Reader rd(code);
     n_inputs_ = rd.count("n_inputs", 1 << 20);
-    TORCH_CHECK_VALUE(n_inputs_ >= 1, "OneTokenPlan: n_inputs must be at least 1 (x), got 0");
+    TORCH_CHECK_VALUE(n_inputs_ >= 1, "StepPlan: n_inputs must be at least 1 (x), got 0");
     n_slots_ = rd.count("n_slots", 1 << 24);
-    TORCH_CHECK_VALUE(n_slots_ >= n_inputs_, "OneTokenPlan: n_slots (", n_slots_,
+    TORCH_CHECK_VALUE(n_slots_ >= n_inputs_, "StepPlan: n_slots (", n_slots_,
                       ") must count the inputs (", n_inputs_, ")");
     const int64_t n_steps = rd.count("n_steps", 1 << 20);
     const auto ref = [&](const char* what) {
       const int64_t r = rd.next(what);
       TORCH_CHECK_VALUE(r < n_slots_ && -r - 1 < static_cast<int64_t>(consts_.size()),
-                        "OneTokenPlan: ", what, " ", r, " names no slot (", n_slots_,
+                        "StepPlan: ", what, " ", r, " names no slot (", n_slots_,
                         ") or constant (", consts_.size(), ")");
       return r;
     };
@@ -575,21 +577,21 @@ class OneTokenPlan : public torch::CustomClassHolder {
     for (int64_t i = 0; i < n_inputs_; ++i) written[static_cast<size_t>(i)] = true;
     const auto use = [&](int64_t r, int64_t step) {
       if (r < 0) return;
-      TORCH_CHECK_VALUE(written[static_cast<size_t>(r)], "OneTokenPlan: step ", step,
+      TORCH_CHECK_VALUE(written[static_cast<size_t>(r)], "StepPlan: step ", step,
                         " reads slot ", r, " before any step writes it");
       last[static_cast<size_t>(r)] = step;
     };
     for (int64_t si = 0; si < n_steps; ++si) {
       Step& s = steps_[static_cast<size_t>(si)];
       const int64_t op = rd.next("op index");
-      TORCH_CHECK_VALUE(op >= 0 && op < static_cast<int64_t>(ops.size()), "OneTokenPlan: op index ",
+      TORCH_CHECK_VALUE(op >= 0 && op < static_cast<int64_t>(ops.size()), "StepPlan: op index ",
                         op, " out of range [0, ", ops.size(), ")");
       s.op = ops[static_cast<size_t>(op)];
       const int64_t n_args = rd.count("n_args", static_cast<int64_t>(Args::max_args()));
       s.args.resize(static_cast<size_t>(n_args));
       for (Arg& a : s.args) {
         a.tag = rd.next("tag");
-        TORCH_CHECK_VALUE(a.tag >= 0 && a.tag < kTags, "OneTokenPlan: unknown argument tag ", a.tag);
+        TORCH_CHECK_VALUE(a.tag >= 0 && a.tag < kTags, "StepPlan: unknown argument tag ", a.tag);
         if (a.tag == kTensor) {
           a.ref = ref("tensor ref");
           use(a.ref, si);
@@ -612,7 +614,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
         } else if (a.tag == kFloat) {
           const int64_t k = rd.next("float index");
           TORCH_CHECK_VALUE(k >= 0 && k < static_cast<int64_t>(floats.size()),
-                            "OneTokenPlan: float index ", k, " out of range");
+                            "StepPlan: float index ", k, " out of range");
           a.f = floats[static_cast<size_t>(k)];
         }
       }
@@ -620,7 +622,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
       for (int64_t j = 0; j < n_outs; ++j) {
         const int64_t r = rd.next("out slot");
         TORCH_CHECK_VALUE(r >= n_inputs_ && r < n_slots_ && !written[static_cast<size_t>(r)],
-                          "OneTokenPlan: step ", si, " writes slot ", r,
+                          "StepPlan: step ", si, " writes slot ", r,
                           ", which is an input, out of range or written before");
         written[static_cast<size_t>(r)] = true;
         last[static_cast<size_t>(r)] = si;  // released at once when nothing reads it
@@ -632,12 +634,12 @@ class OneTokenPlan : public torch::CustomClassHolder {
     const int64_t n_results = rd.count("n_results", 1 << 20);
     for (int64_t j = 0; j < n_results; ++j) {
       const int64_t r = ref("result ref");
-      TORCH_CHECK_VALUE(r < 0 || written[static_cast<size_t>(r)], "OneTokenPlan: result ", j,
+      TORCH_CHECK_VALUE(r < 0 || written[static_cast<size_t>(r)], "StepPlan: result ", j,
                         " is slot ", r, ", which no step writes");
       results_.push_back(r);
       if (r >= 0) last[static_cast<size_t>(r)] = n_steps;  // kept to the end
     }
-    TORCH_CHECK_VALUE(rd.done(), "OneTokenPlan: ", code.size() - rd.pos(),
+    TORCH_CHECK_VALUE(rd.done(), "StepPlan: ", code.size() - rd.pos(),
                       " integers after the program's end");
     for (size_t r = 0; r < last.size(); ++r) {
       if (last[r] >= 0 && last[r] < n_steps) steps_[static_cast<size_t>(last[r])].release.push_back(
@@ -651,7 +653,7 @@ class OneTokenPlan : public torch::CustomClassHolder {
         if (Call fast = aten_call(s, s.call)) s.call = std::move(fast);
       }
     }
-    // Product steps whose results may go into tensors they reuse: no result of the graph, and
+    // Product steps whose results may go into tensors they reuse: no result of the program, and
     // read only by typed steps (rwkv ops, which never return an input or a view of one).
     std::vector<bool> escapes(static_cast<size_t>(n_slots_), false);
     for (const int64_t r : results_) {
@@ -689,23 +691,26 @@ class OneTokenPlan : public torch::CustomClassHolder {
   std::vector<at::Tensor> run_row(at::Tensor emb, int64_t token,
                                   std::vector<at::Tensor> state) const {
     TORCH_CHECK_VALUE(emb.dim() == 2 && emb.device().is_cpu(),
-                      "OneTokenPlan.run_row: emb must be a 2-D CPU tensor, got ", emb.sizes(),
+                      "StepPlan.run_row: emb must be a 2-D CPU tensor, got ", emb.sizes(),
                       " on ", emb.device());
-    TORCH_CHECK_INDEX(token >= 0 && token < emb.size(0), "OneTokenPlan.run_row: token ", token,
+    TORCH_CHECK_INDEX(token >= 0 && token < emb.size(0), "StepPlan.run_row: token ", token,
                       " is out of range [0, ", emb.size(0), ")");
     const int64_t sizes[] = {1, emb.size(1)};
     return run(alias_of(emb, sizes, emb.strides(), emb.storage_offset() + token * emb.stride(0)),
                std::move(state));
   }
 
-  // x: the token's embedding row; state: the model's state tensors in the graph's order.
-  // Returns the graph's results ([logits, *new state]).
-  // One call at a time (planned product steps keep state between calls).
+  // x: the rows' embeddings; state: the program's other inputs in order (the token ids of a
+  // DeepEmbed model, then the state entries). Returns the program's results. Every call's
+  // inputs must have the first call's sizes, strides, dtypes and devices (planned steps keep
+  // what they checked on the first call). One call at a time (planned product steps keep state
+  // between calls).
   std::vector<at::Tensor> run(at::Tensor x, std::vector<at::Tensor> state) const {
     const std::lock_guard<std::mutex> lock(mu_);
     TORCH_CHECK_VALUE(static_cast<int64_t>(state.size()) + 1 == n_inputs_,
-                      "OneTokenPlan.run: the state must hold ", n_inputs_ - 1, " tensors, got ",
+                      "StepPlan.run: the state must hold ", n_inputs_ - 1, " tensors, got ",
                       state.size());
+    check_inputs(x, state);
     for (const auto& prepare : prepare_) prepare();
     Env env(static_cast<size_t>(n_slots_));
     env[0] = std::move(x);
@@ -781,6 +786,35 @@ class OneTokenPlan : public torch::CustomClassHolder {
   std::vector<int64_t> results_;
   int64_t planned_ = 0;  // steps run as planned products
   mutable std::mutex mu_;
+  // The first call's inputs (sizes, strides, dtype, device), which later calls must match.
+  struct InputSpec {
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+    at::Device device;
+  };
+  mutable std::vector<InputSpec> inputs_;
+
+  void check_inputs(const at::Tensor& x, const std::vector<at::Tensor>& state) const {
+    const auto spec = [](const at::Tensor& t) {
+      return InputSpec{t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()};
+    };
+    const bool first = inputs_.empty();
+    for (size_t i = 0; i <= state.size(); ++i) {
+      const at::Tensor& t = i == 0 ? x : state[i - 1];
+      TORCH_CHECK_VALUE(t.defined(), "StepPlan.run: input ", i, " is undefined");
+      if (first) {
+        inputs_.push_back(spec(t));
+        continue;
+      }
+      const InputSpec& want = inputs_[i];
+      TORCH_CHECK_VALUE(t.sizes().equals(want.sizes) && t.strides().equals(want.strides) &&
+                            t.scalar_type() == want.dtype && t.device() == want.device,
+                        "StepPlan.run: input ", i, " has sizes ", t.sizes(), ", strides ",
+                        t.strides(), " and dtype ", t.scalar_type(), "; this plan takes sizes ",
+                        at::IntArrayRef(want.sizes), ", strides ", at::IntArrayRef(want.strides),
+                        " and dtype ", want.dtype);
+    }
+  }
   bool profiling_ = false;                 // set_profiling
   mutable std::vector<int64_t> step_ns_;   // per step, summed while profiling (under mu_)
   mutable int64_t profiled_runs_ = 0;
@@ -791,17 +825,17 @@ class OneTokenPlan : public torch::CustomClassHolder {
 }  // namespace rwkv
 
 TORCH_LIBRARY_FRAGMENT(rwkv, m) {
-  m.class_<rwkv::cpu::OneTokenPlan>("OneTokenPlan")
+  m.class_<rwkv::cpu::StepPlan>("StepPlan")
       .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>,
                        std::vector<std::string>>())
-      .def("run", &rwkv::cpu::OneTokenPlan::run)
-      .def("run_row", &rwkv::cpu::OneTokenPlan::run_row)
-      .def("typed_steps", &rwkv::cpu::OneTokenPlan::typed_steps)
-      .def("steps", &rwkv::cpu::OneTokenPlan::steps)
-      .def("planned_steps", &rwkv::cpu::OneTokenPlan::planned_steps)
-      .def("set_profiling", &rwkv::cpu::OneTokenPlan::set_profiling)
-      .def("step_ns", &rwkv::cpu::OneTokenPlan::step_ns)
-      .def("profiled_runs", &rwkv::cpu::OneTokenPlan::profiled_runs)
-      .def("step_ops", &rwkv::cpu::OneTokenPlan::step_ops)
-      .def("step_weight_bytes", &rwkv::cpu::OneTokenPlan::step_weight_bytes);
+      .def("run", &rwkv::cpu::StepPlan::run)
+      .def("run_row", &rwkv::cpu::StepPlan::run_row)
+      .def("typed_steps", &rwkv::cpu::StepPlan::typed_steps)
+      .def("steps", &rwkv::cpu::StepPlan::steps)
+      .def("planned_steps", &rwkv::cpu::StepPlan::planned_steps)
+      .def("set_profiling", &rwkv::cpu::StepPlan::set_profiling)
+      .def("step_ns", &rwkv::cpu::StepPlan::step_ns)
+      .def("profiled_runs", &rwkv::cpu::StepPlan::profiled_runs)
+      .def("step_ops", &rwkv::cpu::StepPlan::step_ops)
+      .def("step_weight_bytes", &rwkv::cpu::StepPlan::step_weight_bytes);
 }

@@ -1,0 +1,123 @@
+"""Decode steps on CPU run as compiled step plans (on by default; ``RWKV(..., cpu_plan=False)`` or
+``RWKV_CPU_PLAN=0`` turns them off).
+
+While decoding, Python's own work between the ops is a large share of a token's time: every
+weight streamed through the caches pushes the interpreter's code and data out, so each line of
+the forward runs cold (around a tenth of a large int8 model's token, a third of a small model's).
+So each decode step runs as a program (rwkv/models/program.py: the layers' own list of steps,
+for B rows) inside one ``torch.classes.rwkv.StepPlan`` call (csrc/cpu/step_plan.cpp), which
+calls each op's CPU kernel directly. One plan is built per kind of step and kept:
+- the one-token call of ``RWKV.forward`` (B = 1; the caller's state read, a new state returned);
+- the batched engine's step over B sequences (``Runtime.step_rows``; B = 1 .. ROWS_MAX, the
+  stacked states updated in place).
+
+The plans run the same kernels on the same values as the op-by-op path (tests check them bit for
+bit). A model whose layers have no compiled steps (kernels="reference", a layer off the CPU, a
+product without a compiled kernel) runs op by op; ``cpu_plan=True`` then raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import settings
+from ..strategy import LayerPlacement
+from .common import ROWS_MAX, _compiled
+from .program import Unsupported
+
+
+def plan_unsupported(plan: list[LayerPlacement], mode: str) -> str | None:
+    """Why no step plan can run this model, or None when one may (its layers have the last word:
+    Runtime.program raises Unsupported)."""
+    if mode == "reference":
+        return "kernels='reference' runs the pure-torch reference ops"
+    if any(torch.device(dd.device).type != "cpu" for dd in plan):
+        return "the strategy puts layers or the head on a device other than the CPU"
+    if not _compiled("linear_one", "CPU"):
+        return "the compiled CPU kernels (rwkv._C) are not available"
+    return None
+
+
+def want_plan(requested: bool | None, plan: list[LayerPlacement], mode: str, strategy: str) -> bool:
+    """Whether to run decode steps as step plans: ``requested`` True (else ValueError saying why
+    not), False, or None (where supported, unless RWKV_CPU_PLAN=0)."""
+    if requested is not None and not isinstance(requested, bool):
+        raise TypeError(f"RWKV: cpu_plan must be True, False or None, got {requested!r}")
+    why = plan_unsupported(plan, mode)
+    if requested:
+        if why is not None:
+            raise ValueError(f"RWKV: cpu_plan=True cannot be used with strategy {strategy!r}: {why}. "
+                             "Pass cpu_plan=None (use it where possible) or False.")
+        return True
+    if requested is None:
+        return why is None and settings.value("RWKV_CPU_PLAN")
+    return False
+
+
+class StepPlans:
+    """The step plans of one model's runtime, built on first use. ``forward_one`` and
+    ``step_rows`` return None where no plan can run the call (the caller then runs it op by op);
+    ``failed`` says why."""
+
+    def __init__(self, runtime, explicit: bool):
+        self.rt = runtime
+        self.explicit = explicit  # cpu_plan=True: the layers must all have compiled steps
+        self.failed: str | None = None
+        self._plans: dict = {}  # (B, inplace) -> StepPlan
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the plans out (they hold the original's weights); they build
+        their own on first use."""
+        return {**self.__dict__, "_plans": {}, "_lock": None}
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def get(self, B: int, inplace: bool):
+        """The StepPlan of B rows, built on first use; None where the model has none (``failed``
+        says why)."""
+        key = (B, inplace)
+        if key in self._plans:
+            return self._plans[key]
+        with self._lock:
+            if key not in self._plans:
+                try:
+                    self._plans[key] = self.rt.program(B, inplace).build()
+                except Unsupported as e:
+                    self._plans[key] = None
+                    self.failed = str(e)
+                    if self.explicit:
+                        raise ValueError(f"RWKV: cpu_plan=True, but this model's decode step has no "
+                                         f"compiled steps: {e}") from None
+        return self._plans[key]
+
+    def forward_one(self, token: int, state: list):
+        """token: a range-checked id; state: a validated state list (never written). Returns
+        (logits [V] fp32, new state list), those of ``Runtime.forward``, or None."""
+        plan = self.get(1, False)
+        if plan is None:
+            return None
+        rt = self.rt
+        if rt.info.deep_embed:
+            state = [torch.tensor([token], dtype=torch.long), *state]
+        out = plan.run_row(rt.emb, token, state)  # [logits, *new state]
+        return out[0], out[1:]
+
+    def step_rows(self, tokens: torch.Tensor, state: list):
+        """``Runtime.step_rows`` (tokens [B] int64, validated; state stacked, updated in place)
+        as a plan, or None (more than ROWS_MAX rows, or no plan)."""
+        B = int(tokens.shape[0])
+        if B > ROWS_MAX:
+            return None
+        plan = self.get(B, True)
+        if plan is None:
+            return None
+        rt = self.rt
+        inputs = rt.flat_rows(state)
+        if rt.info.deep_embed:
+            inputs = [tokens, *inputs]
+        return plan.run(rt.emb.index_select(0, tokens), inputs)[0]
