@@ -184,6 +184,8 @@ class BatchDecoder:
         with torch.no_grad():
             self._slots = self._rt.zero_batch(max_batch)
         self._order: list = []  # handles of the ready sequences, in slot order
+        self._where: dict = {}  # handle -> its slot (its index in _order)
+        self._views: dict = {}  # n -> (the first n rows of every slot tensor, as step_rows takes them)
         self._pending: dict = {}  # handle -> _Pending, in arrival order
         self._next = 0
 
@@ -251,7 +253,9 @@ class BatchDecoder:
                 for t in self._slots:
                     t[i].copy_(t[last])
             self._order[i] = self._order[last]
+            self._where[self._order[i]] = i
         self._order.pop()
+        del self._where[handle]
 
     def export(self, handle) -> list:
         """The sequence's current state in upstream's layout (new tensors, usable with
@@ -276,14 +280,17 @@ class BatchDecoder:
             for h, out in self._prefill(snaps):
                 handles.append(h)
                 logits.append(out.reshape(1, -1))
-        out = torch.cat(logits) if logits else torch.empty(0, self._rt.info.vocab_size)
+        if len(logits) == 1:
+            out = logits[0]  # a new tensor of this step's (no copy)
+        else:
+            out = torch.cat(logits) if logits else torch.empty(0, self._rt.info.vocab_size)
         return StepOutput(handles, out, snaps)
 
     # ------------------------------------------------------------------------------ internals
     def _slot(self, handle, what: str) -> int:
         try:
-            return self._order.index(handle)
-        except ValueError:
+            return self._where[handle]
+        except (KeyError, TypeError):  # TypeError: an unhashable handle
             why = "is still prefilling its prompt" if handle in self._pending else "is not held"
             raise UnknownSequenceError(f"BatchDecoder.{what}: sequence {handle!r} {why}") from None
 
@@ -306,6 +313,7 @@ class BatchDecoder:
             for t, s in zip(self._slots, state):
                 t[i].copy_(s)
         self._order.append(handle)
+        self._where[handle] = i
 
     def _decode(self, rows: list) -> torch.Tensor:
         """One token for the sequences in ``rows`` ((slot, token) pairs in slot order)."""
@@ -313,7 +321,11 @@ class BatchDecoder:
         tokens = torch.tensor([t for _, t in rows], dtype=torch.long)
         n = len(idx)
         if idx == list(range(n)):  # the usual case: every ready sequence is fed
-            return self._rt.step_rows(tokens, [t[:n] for t in self._slots])
+            views = self._views.get(n)
+            if views is None:  # the slots never move: their first n rows are kept as views
+                rows_n = [t[:n] for t in self._slots]
+                views = self._views[n] = (rows_n, self._rt.flat_rows(rows_n))
+            return self._rt.step_rows(tokens, views[0], flat=views[1])
         # A subset: gathered into a batch of their own and written back.
         where = torch.tensor(idx, dtype=torch.long)
         batch = [t.index_select(0, where.to(t.device)) for t in self._slots]

@@ -167,16 +167,17 @@ class Runtime:
         The input state's tensors are never written: the kernels update private copies."""
         return self.run(self.emb[tokens], state, full_output, tokens)
 
-    def step_rows(self, tokens: torch.Tensor, state: list) -> torch.Tensor:
+    def step_rows(self, tokens: torch.Tensor, state: list, flat: list | None = None) -> torch.Tensor:
         """One token of each of B sequences: tokens [B] int64 on CPU (validated), state the B
         sequences' states stacked (zero_batch's layout, each entry contiguous), updated in place.
         Each weight is read once for all B rows (the products take the B rows as one matrix); the
         recurrences of the B rows run as one token with B times the heads. Returns logits [B, V]
         fp32. Row b's results are those of ``forward`` on sequence b alone, up to the rounding of
         products computed for several rows at once. Runs as a step plan where the model has one
-        (the same ops), otherwise op by op."""
+        (the same ops), otherwise op by op. flat: ``flat_rows(state)``, where the caller keeps
+        it from step to step."""
         if self.plans is not None:
-            logits = self.plans.step_rows(tokens, state)
+            logits = self.plans.step_rows(tokens, state if flat is None else None, flat)
             if logits is not None:
                 return logits
         info, per = self.info, self.per_layer

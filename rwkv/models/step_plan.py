@@ -107,9 +107,10 @@ class StepPlans:
         out = plan.run_row(rt.emb, token, state)  # [logits, *new state]
         return out[0], out[1:]
 
-    def step_rows(self, tokens: torch.Tensor, state: list):
-        """``Runtime.step_rows`` (tokens [B] int64, validated; state stacked, updated in place)
-        as a plan, or None (more than ROWS_MAX rows, or no plan)."""
+    def step_rows(self, tokens: torch.Tensor, state: list | None, flat: list | None = None):
+        """``Runtime.step_rows`` (tokens [B] int64, validated; state stacked, updated in place;
+        or flat, the state as ``Runtime.flat_rows`` gives it) as a plan, or None (more than
+        ROWS_MAX rows, or no plan)."""
         B = int(tokens.shape[0])
         if B > ROWS_MAX:
             return None
@@ -117,7 +118,7 @@ class StepPlans:
         if plan is None:
             return None
         rt = self.rt
-        inputs = rt.flat_rows(state)
+        inputs = rt.flat_rows(state) if flat is None else list(flat)
         if rt.info.deep_embed:
             inputs = [tokens, *inputs]
         return plan.run(rt.emb.index_select(0, tokens), inputs)[0]
