@@ -2,7 +2,7 @@
 
     python benchmarks/bench_batch.py [--sizes 0.1b,1.5b] [--versions 7,6]
         [--strategies "cpu fp32,cpu bf16,cpu fp32i8"] [--batches 1,2,4,8,16,32,64]
-        [--steps 5] [--threads 2] [--json out.jsonl]
+        [--steps 5] [--threads 2] [--workdir DIR]
 
 For each seeded random-weight checkpoint (benchmarks/bench_model.py's shapes) and strategy, and
 each batch size B: B sequences in a ``BatchDecoder`` advance one token per step, together; the

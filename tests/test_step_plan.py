@@ -449,6 +449,23 @@ def test_the_program_tail_equals_aten(x, index):
         assert y.dtype == torch.float32 and y.shape == want.shape and torch.equal(y, want)
 
 
+@pytest.mark.parametrize("src", [
+    torch.randn(37),                      # contiguous, one dtype and size: copied in the plan
+    torch.randn(74)[::2],                 # strided: aten's copy_
+    torch.randn(37).bfloat16(),           # another dtype: aten's copy_ (converts)
+], ids=["plain", "strided", "bf16"])
+def test_a_state_update_equals_aten_copy(src):
+    """aten::copy_(dst, src), an in-place program's state update, which the plan runs itself for
+    contiguous tensors of one dtype and size: dst holds src's values (as aten's copy_ leaves it),
+    and the step's result is dst itself."""
+    copy = [0, 3, T, 1, T, 0, B, 0, 1, 2]  # copy_(slot 1, slot 0, False) -> slot 2
+    plan, _ = make_plan([2, 3, 1, *copy, 1, 2], consts=[], names=("aten::copy_",))
+    for _ in range(2):
+        dst = torch.zeros(37)
+        (out,) = plan.run(src, [dst])
+        assert torch.equal(dst, torch.zeros(37).copy_(src)) and out.data_ptr() == dst.data_ptr()
+
+
 def test_run_row_takes_the_embedding_row_itself():
     """run_row(emb, token, state) is run(emb[token:token + 1], state), the row taken in the plan
     (an alias, no copy), for an embedding that is itself a view at an offset; ids outside

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -421,12 +422,12 @@ at::Tensor widened_bf16(const at::Tensor& t) {
   return out;
 }
 
-// The two aten steps a one-token program ends with, run without the dispatcher where they can be:
-// the head's result [1, V] taken as [V] (aten::select.int) and, for bf16 activations, the logits
-// widened to fp32 (aten::to.dtype), with the same values. They run right after the head has
-// streamed the largest weight, which flushes the dispatcher's code and tables from the caches,
-// so a trip through it is slow there. Other arguments, and other ops, take `boxed`; nullptr: not
-// one of these ops.
+// Three aten steps run without the dispatcher where they can be, with the same values: the two a
+// one-token program ends with, the head's result [1, V] taken as [V] (aten::select.int) and, for
+// bf16 activations, the logits widened to fp32 (aten::to.dtype), and an in-place program's state
+// updates (aten::copy_). Each runs right after a product has streamed its weights, which flushes
+// the dispatcher's code and tables from the caches, so a trip through it is slow there. Other
+// arguments, and other ops, take `boxed`; nullptr: not one of these ops.
 Call aten_call(const Step& s, const Call& boxed) {
   const auto tags = [&](std::initializer_list<int64_t> want) {
     if (s.args.size() != want.size()) return false;
@@ -444,6 +445,25 @@ Call aten_call(const Step& s, const Call& boxed) {
       if (t.defined() && t.device().is_cpu() && t.dim() >= 1 && t.size(0) == 1 &&
           !t.requires_grad()) {
         store(st, env, first_row(t));
+      } else {
+        boxed(st, consts, env);
+      }
+    };
+  }
+  // copy_(self, src, non_blocking): an in-place program's state update (the new shift state into
+  // the sequence's slot), a memcpy where both are contiguous CPU tensors of one dtype and size.
+  if (s.op == "aten::copy_" && tags({kTensor, kTensor, kBool})) {
+    return [boxed](const Step& st, const std::vector<at::Tensor>& consts, Env& env) {
+      Args a(st, consts, env);
+      const at::Tensor& dst = a.tensor(0);
+      const at::Tensor& src = a.tensor(1);
+      if (dst.defined() && src.defined() && dst.device().is_cpu() && src.device().is_cpu() &&
+          dst.scalar_type() == src.scalar_type() && dst.sizes().equals(src.sizes()) &&
+          dst.is_contiguous() && src.is_contiguous() && !dst.requires_grad() &&
+          !src.requires_grad()) {
+        if (dst.data_ptr() != src.data_ptr())
+          std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+        store(st, env, at::Tensor(dst));
       } else {
         boxed(st, consts, env);
       }

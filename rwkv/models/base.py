@@ -243,10 +243,13 @@ class Runtime:
 
     def flat_rows(self, state: list) -> list:
         """B stacked states (step_rows' layout) as an in-place program takes them: matrix states
-        [B, H, N, N] as [B*H, N, N], RWKV-4's aa, bb, pp [B, A] as [B*A] (views)."""
+        [B, H, N, N] as [B*H, N, N], RWKV-4's aa, bb, pp [B, A] as [B*A], and for B = 1 the shift
+        states [1, C] as [C], the one-token ops' layout (views)."""
+        one = state[0].shape[0] == 1
+        shift = (lambda t: t.view(t.shape[1:])) if one else (lambda t: t)  # noqa: E731
         if self.info.version == 4:
-            return [t if k % 5 in (0, 4) else t.view(-1) for k, t in enumerate(state)]
-        return [t.view(-1, *t.shape[2:]) if k % 3 == 1 else t for k, t in enumerate(state)]
+            return [shift(t) if k % 5 in (0, 4) else t.view(-1) for k, t in enumerate(state)]
+        return [t.view(-1, *t.shape[2:]) if k % 3 == 1 else shift(t) for k, t in enumerate(state)]
 
     def run(self, x: torch.Tensor, state: list, full_output: bool, tokens: torch.Tensor | None = None):
         """``forward`` from embedding rows x: [T, C] (moved to layer 0's device and dtype). tokens:

@@ -190,11 +190,10 @@ class LnMix:
 
 
     def steps(self, p: Program, x: Val, sx: Val) -> tuple:
-        """``__call__`` (a one-token program: sx [C]) or ``rows`` (an in-place program: sx
-        [B, C]) as program steps: (xx, the new shift state's value, the mixes). In place, the new
-        shift state is xx itself, for the layer to write into sx (``Program.update``) once nothing
-        reads sx any more."""
-        if not p.inplace:
+        """``__call__`` (one row: sx [C]) or ``rows`` (B > 1 rows in place: sx [B, C]) as program
+        steps: (xx, the new shift state's value, the mixes). In place, the layer writes the new
+        shift state into sx (``Program.update``) once nothing reads sx any more."""
+        if p.B == 1:
             xx, shift, *mixed = p.call(need(self.split_op, "ln_mix_split"), x, sx, *self.op_params,
                                        self.lerp, LAYER_NORM_EPS, n=2 + self.mix.shape[0])
             return xx, shift, mixed

@@ -184,7 +184,7 @@ class TimeMixV6(TimeMixV5):
     def _products_steps(self, p, xx, sx, mixed):
         (xmaa,) = mixed
         w1 = self.maa_w1.weight
-        if p.inplace:
+        if p.B > 1:
             z = self.maa_w1.steps(p, xmaa)
             mixed = p.call(need(self.maa_rows_op, "maa_mix_rows"), xx, sx, z, self.maa_w2, self.maa_rows, n=5)
         elif self.maa_lora is not None and xmaa.dtype == w1.dtype:
