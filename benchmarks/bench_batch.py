@@ -30,7 +30,6 @@ import argparse
 import gc
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_model import AdjacentBandwidth, bench_checkpoint  # noqa: E402
+from benchmarks.bench_model import AdjacentBandwidth, add_checkpoint_options, each_checkpoint  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 
 
@@ -164,13 +163,9 @@ def bench(path: Path, size: str, version: str, strategy: str, batches: list, ste
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="0.1b,1.5b")
-    p.add_argument("--versions", default="7,6")
-    p.add_argument("--strategies", default="cpu fp32,cpu bf16,cpu fp32i8")
+    add_checkpoint_options(p, "0.1b,1.5b", "7,6", "cpu fp32,cpu bf16,cpu fp32i8")
     p.add_argument("--batches", default="1,2,4,8,16,32,64")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--workdir", default=None, help="where the checkpoints are written (default: a temp dir)")
     ns = p.parse_args(argv)
     torch.set_num_threads(ns.threads)
     torch.set_grad_enabled(False)
@@ -178,13 +173,8 @@ def main(argv=None) -> int:
     emit(header("bench_batch", threads=ns.threads))
     bw = AdjacentBandwidth()
     rows: list = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(ns.workdir or tmp)
-        for size in ns.sizes.split(","):
-            for version in ns.versions.split(","):
-                path = bench_checkpoint(work, size, version)
-                for strategy in [s.strip() for s in ns.strategies.split(",")]:
-                    bench(path, size, version, strategy, batches, ns.steps, bw, rows)
+    for size, version, strategy, path in each_checkpoint(ns):
+        bench(path, size, version, strategy, batches, ns.steps, bw, rows)
     print("\nB = 8 against B = 1 (aggregate tokens/s):")
     for key in dict.fromkeys((r["size"], r["version"], r["strategy"]) for r in rows):
         by_b = {r["B"]: r for r in rows if (r["size"], r["version"], r["strategy"]) == key}

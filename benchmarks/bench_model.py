@@ -177,6 +177,28 @@ def bench_checkpoint(workdir: Path, size: str, version: str, v7_lora: str = "fix
     return path
 
 
+def add_checkpoint_options(p: argparse.ArgumentParser, sizes: str, versions: str, strategies: str) -> None:
+    """The options of a benchmark run on each of bench_checkpoint's models and strategies:
+    --sizes, --versions, --strategies (comma-separated, these defaults), --threads, --workdir."""
+    p.add_argument("--sizes", default=sizes)
+    p.add_argument("--versions", default=versions)
+    p.add_argument("--strategies", default=strategies)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workdir", default=None, help="where the checkpoints are written (default: a temp dir)")
+
+
+def each_checkpoint(ns):
+    """(size, version, strategy, checkpoint path) for every combination of add_checkpoint_options'
+    options, each checkpoint written to --workdir (else a temp dir, removed at the end) first."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(ns.workdir or tmp)
+        for size in ns.sizes.split(","):
+            for version in ns.versions.split(","):
+                path = bench_checkpoint(work, size, version)
+                for strategy in [s.strip() for s in ns.strategies.split(",")]:
+                    yield size, version, strategy, path
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a single-token forward reads: every matrix and vector once (the embedding:
     one row)."""

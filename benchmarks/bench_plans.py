@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_model import bench_checkpoint  # noqa: E402
+from benchmarks.bench_model import add_checkpoint_options, each_checkpoint  # noqa: E402
 from benchmarks.common import emit, header  # noqa: E402
 
 
@@ -116,23 +115,14 @@ def bench(path: Path, size: str, version: str, strategy: str, tokens: int) -> No
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="0.1b")
-    p.add_argument("--versions", default="7,6")
-    p.add_argument("--strategies", default="cpu fp32,cpu fp32i8")
+    add_checkpoint_options(p, "0.1b", "7,6", "cpu fp32,cpu fp32i8")
     p.add_argument("--tokens", type=int, default=41)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--workdir", default=None, help="where the checkpoints are written (default: a temp dir)")
     ns = p.parse_args(argv)
     torch.set_num_threads(ns.threads)
     torch.set_grad_enabled(False)
     emit(header("bench_plans", threads=ns.threads))
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(ns.workdir or tmp)
-        for size in ns.sizes.split(","):
-            for version in ns.versions.split(","):
-                path = bench_checkpoint(work, size, version)
-                for strategy in [s.strip() for s in ns.strategies.split(",")]:
-                    bench(path, size, version, strategy, ns.tokens)
+    for size, version, strategy, path in each_checkpoint(ns):
+        bench(path, size, version, strategy, ns.tokens)
     return 0
 
 
