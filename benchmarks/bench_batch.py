@@ -19,7 +19,10 @@ Each row also shows its floors, measured in the same run:
   own GEMM reaches in that run for the strategy's activation dtype on a compute-bound product of
   the model's width ([256, C] @ [C, 4C]; fp32 through oneDNN, as the model's prefill; int8
   strategies at the fp32 rate);
-and ``x floor``: the step time over the larger floor.
+and ``x floor``: the step time over the larger floor. For fp32 and bf16 weights on CPU the row
+also shows torch's own GEMMs on the step's products alone (B rows times every matrix, read from
+memory as a step reads them: oneDNN's linear for fp32), timed in the same run, and the step over
+that time: what the best general library does with the same products on this machine.
 
 The last lines compare B = 8 with B = 1 (aggregate tokens/s), per model and strategy.
 """
@@ -87,6 +90,46 @@ def gemm_rate(dtype: torch.dtype, C: int, device: str = "cpu") -> float:
     return 2 * 256 * C * 4 * C / best
 
 
+def step_matrices(model) -> list:
+    """Every matrix one step multiplies, as the model stores it (row slabs and RWKV-6's maa_w2 as
+    their parts), for fp32 and bf16 weights; [] for int8 weights (torch has no GEMM for them)."""
+    mats = []
+    for k, t in model.w.items():
+        if k == "emb.weight" or t.dim() < 2 or t.dtype not in (torch.float32, torch.bfloat16):
+            continue
+        mats += list(t.unbind(0)) if t.dim() == 3 else [t]
+    int8 = any(t.dtype == torch.uint8 and t.dim() >= 2 for t in model.w.values())
+    return [] if int8 else mats
+
+
+def torch_products_time(mats: list, B: int, repeat: int = 3) -> float | None:
+    """Median seconds of torch's own GEMMs on one step's products: B rows times every matrix of
+    ``mats`` (step_matrices), one after another, the weights read from memory as a step reads
+    them (fp32 column-major: oneDNN's linear, the fastest fp32 GEMM torch has on CPU; otherwise
+    ``x @ W``); None without matrices."""
+    from rwkv.models.common import onednn_linear
+
+    if not mats:
+        return None
+    linear = onednn_linear()
+    xs = {}
+    calls = []
+    for w in mats:
+        key = (w.shape[0], w.dtype)
+        x = xs.setdefault(key, torch.randn(B, w.shape[0]).to(w.dtype))
+        if linear is not None and w.dtype == torch.float32 and w.t().is_contiguous():
+            calls.append(lambda x=x, w=w: linear(x, w.t(), None, "none", [], None))
+        else:
+            calls.append(lambda x=x, w=w: x @ w)
+    times = []
+    for _ in range(repeat + 1):  # the first pass lets oneDNN make its kernels
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def sync() -> None:
     """Wait for the GPU's queued work (a step's time then includes its kernels)."""
     if torch.cuda.is_available():
@@ -140,6 +183,7 @@ def bench(path: Path, size: str, version: str, strategy: str, batches: list, ste
     act = torch.bfloat16 if "bf16" in strategy else torch.float16 if "fp16" in strategy else torch.float32
     rate = gemm_rate(act, C, "cuda" if strategy.startswith("cuda") else "cpu")
     shapes = matrix_shapes(model)
+    mats = step_matrices(model) if not strategy.startswith("cuda") else []
     wbytes, sbytes = weight_bytes(model), state_bytes(model)
     emb_row = C * model.w["emb.weight"].element_size()
     for B in batches:
@@ -148,15 +192,19 @@ def bench(path: Path, size: str, version: str, strategy: str, batches: list, ste
         step = time_batch(model, B, steps)
         bw_floor = (wbytes + B * (emb_row + 2 * sbytes)) / (gbps * 1e9)
         compute_floor = sum(2 * B * n * m for n, m in shapes) / rate
+        gemms = torch_products_time(mats, B)
         row = {"size": size, "version": version, "strategy": strategy, "B": B, "step_ms": step * 1e3,
                "batch_tps": B / step, "sequential_tps": 1 / single, "speedup": single * B / step,
                "bw_floor_ms": bw_floor * 1e3, "compute_floor_ms": compute_floor * 1e3,
-               "x_floor": step / max(bw_floor, compute_floor), "read_GBps": gbps, "gemm_GFLOPs": rate / 1e9}
+               "x_floor": step / max(bw_floor, compute_floor), "read_GBps": gbps, "gemm_GFLOPs": rate / 1e9,
+               "torch_products_ms": None if gemms is None else gemms * 1e3,
+               "x_torch": None if gemms is None else step / gemms}
         rows.append(row)
         emit(row)
+        vs_torch = "" if gemms is None else f"  torch's products {gemms * 1e3:7.1f} ms (step x{step / gemms:.2f})"
         print(f"  {size} v{version} {strategy:<11} B={B:<3} step {step * 1e3:8.1f} ms  batch {B / step:8.1f} tok/s  "
               f"sequential {1 / single:7.1f} tok/s  x{single * B / step:5.2f}  floors bw {bw_floor * 1e3:7.1f} "
-              f"compute {compute_floor * 1e3:7.1f} ms  step/floor {row['x_floor']:.2f}", flush=True)
+              f"compute {compute_floor * 1e3:7.1f} ms  step/floor {row['x_floor']:.2f}{vs_torch}", flush=True)
     del model
     gc.collect()
 
@@ -184,6 +232,11 @@ def main(argv=None) -> int:
     if worst:
         print(f"largest step/floor: {worst['x_floor']:.2f} ({worst['size']} v{worst['version']} "
               f"{worst['strategy']} B={worst['B']})")
+        print(f"rows within 1.5x of the larger floor: {sum(r['x_floor'] <= 1.5 for r in rows)} of {len(rows)}")
+    timed = [r for r in rows if r["torch_products_ms"] is not None]
+    if timed:
+        ok = sum(r["step_ms"] <= 1.5 * max(r["bw_floor_ms"], r["torch_products_ms"]) for r in timed)
+        print(f"rows within 1.5x of the larger of the bandwidth floor and torch's products: {ok} of {len(timed)}")
     return 0
 
 

@@ -103,8 +103,7 @@ class ChannelMix:
         xx, shift, mixed = self.ln_mix.steps(p, x, sx)
         shift = p.update(sx, shift)
         if self.s_emb is not None:
-            if tokens is None:
-                self._check_tokens(tokens)
+            self._check_tokens(tokens)
             h = self.rk.steps(p, mixed)[0]
             gate = self._deep_embed_gate_steps(p, xx, tokens)
             return self.value.add_to_steps(p, x, p.call(torch.ops.aten.mul.Tensor, h, gate)), shift
