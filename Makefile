@@ -59,7 +59,7 @@ sanitize: $(VENV)/.editable
 	LD_PRELOAD="$(SANITIZER_RUNTIME)" RWKV_TEST_EXTENSION_DIR=$(ASAN_DIR)/lib/rwkv \
 		ASAN_OPTIONS=detect_leaks=0:log_path=$(CURDIR)/$(ASAN_DIR)/reports/asan \
 		UBSAN_OPTIONS=print_stacktrace=1:log_path=$(CURDIR)/$(ASAN_DIR)/reports/ubsan \
-		$(PY) -m pytest -q -p no:cacheprovider tests/ops tests/test_forward_each_version.py; \
+		$(PY) -m pytest -q -p no:cacheprovider tests/ops tests/test_forward_each_version.py tests/test_step_plan.py; \
 		status=$$?; reports=$$(ls $(ASAN_DIR)/reports); \
 		if [ -n "$$reports" ]; then cat $(ASAN_DIR)/reports/*; echo "sanitizer reports: $$reports"; exit 1; fi; \
 		exit $$status

@@ -1,5 +1,5 @@
 """One short run per version and CPU strategy through the compiled kernels (a prompt, then one-token
-steps, which go through the CPU graph and its planned products), compared with the same model on the
+steps, which go through the CPU step plan and its planned products), compared with the same model on the
 reference kernels. ``make sanitize`` runs this file under AddressSanitizer + UBSan as the one
 forward per version."""
 

@@ -70,7 +70,7 @@ class TimeMixV4:
     def _wkv(self, r, k, v, aa, bb, pp, decay, first):
         """The recurrence from aa, bb, pp (never written) and the gate: (r * wkv, new aa, bb, pp)."""
         # (No .contiguous() or no-op .to() here: the ops make their inputs contiguous themselves,
-        # and each call left in would be an op of the one-token graph.)
+        # and each call left in would be a step of the one-token program.)
         if self.block is not None:
             return self.block(decay, first, k, v, r, aa, bb, pp)
         aa, bb, pp = aa.clone(), bb.clone(), pp.clone()  # updated in place by the kernel
