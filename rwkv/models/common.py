@@ -188,7 +188,6 @@ class LnMix:
             xx, mixed = ln_mix_rows_math(x, prev, self.ln_w, self.ln_b, self.mix, self.rmix, LAYER_NORM_EPS)
         return xx, list(mixed.unbind(0))
 
-
     def steps(self, p: Program, x: Val, sx: Val) -> tuple:
         """``__call__`` (one row: sx [C]) or ``rows`` (B > 1 rows in place: sx [B, C]) as program
         steps: (xx, the new shift state's value, the mixes). In place, the layer writes the new
