@@ -148,6 +148,26 @@ def test_engine_steps_run_on_plans(paths):
     assert m._rt.plans.step_rows(torch.zeros(common.ROWS_MAX + 1, dtype=torch.long), None) is None
 
 
+def test_batched_plans_kept_are_bounded(paths, monkeypatch):
+    """A model keeps the MAX_BATCH_PLANS most recently used batched plans (each holds parameters
+    tiled for its rows); a batch size whose plan was dropped gets a new one, with the same
+    results, and the one-token plan is never dropped."""
+    from rwkv.models import step_plan
+    monkeypatch.setattr(step_plan, "MAX_BATCH_PLANS", 3)
+    m, plain, s = pair(paths["7"], "cpu fp32")
+    decode(m, [t.clone() for t in s], [4])
+    first, _ = steps(m, 2, [[5, 6]])
+    for B in (3, 4, 2, 5):  # 2 used again before 5 comes: 3 is the least recently used
+        steps(m, B, [list(range(B))])
+    kept = [k for k, p in m._rt.plans._plans.items() if p is not None]
+    assert kept == [(1, False), (4, True), (2, True), (5, True)]
+    steps(m, 3, [[1, 2, 3]])  # rebuilt; 4 goes
+    assert (4, True) not in m._rt.plans._plans and (3, True) in m._rt.plans._plans
+    again, _ = steps(m, 2, [[5, 6]])
+    want, _ = steps(plain, 2, [[5, 6]])
+    assert torch.equal(first[0], again[0]) and torch.equal(again[0], want[0])
+
+
 @pytest.mark.parametrize("v", VERSIONS)
 def test_plans_never_write_the_callers_state(paths, v):
     m, _, s = pair(paths[v], "cpu fp32")
@@ -191,7 +211,7 @@ def test_deepcopy_of_a_model_builds_its_own_plans(paths):
     _, s = m.forward([1, 2], None)
     a, _ = m.forward([3], s)
     twin = copy.deepcopy(m)
-    assert twin._rt.plans._plans == {} and twin._rt.plans.rt is twin._rt
+    assert not twin._rt.plans._plans and twin._rt.plans.rt is twin._rt
     with torch.no_grad():
         for t in twin.w.values():  # the copy's own weights: changing them changes only its results
             t.mul_(0.5)

@@ -6,10 +6,10 @@ weight streamed through the caches pushes the interpreter's code and data out, s
 the forward runs cold (around a tenth of a large int8 model's token, a third of a small model's).
 So each decode step runs as a program (rwkv/models/program.py: the layers' own list of steps,
 for B rows) inside one ``torch.classes.rwkv.StepPlan`` call (csrc/cpu/step_plan.cpp), which
-calls each op's CPU kernel directly. One plan is built per kind of step and kept:
+calls each op's CPU kernel directly. Plans are built on first use and kept:
 - the one-token call of ``RWKV.forward`` (B = 1; the caller's state read, a new state returned);
 - the batched engine's step over B sequences (``Runtime.step_rows``; B = 1 .. ROWS_MAX, the
-  stacked states updated in place).
+  stacked states updated in place): one plan per B, the MAX_BATCH_PLANS most recently used.
 
 The plans run the same kernels on the same values as the op-by-op path (tests check them bit for
 bit). A model whose layers have no compiled steps (kernels="reference", a layer off the CPU, a
@@ -19,6 +19,7 @@ product without a compiled kernel) runs op by op; ``cpu_plan=True`` then raises 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import torch
 
@@ -56,22 +57,30 @@ def want_plan(requested: bool | None, plan: list[LayerPlacement], mode: str, str
     return False
 
 
+#: How many batched (in-place) plans a model keeps, the least recently used dropped first. Each
+#: holds its per-row parameters tiled for its B rows (e.g. 8 fp32 rows of B * 2048 values a
+#: 1.5B RWKV-7 layer: 100 MB at B = 64), so a plan per batch size a server has seen would hold
+#: gigabytes; a dropped plan is built again in milliseconds when its B comes back.
+MAX_BATCH_PLANS = 8
+
+
 class StepPlans:
-    """The step plans of one model's runtime, built on first use. ``forward_one`` and
-    ``step_rows`` return None where no plan can run the call (the caller then runs it op by op);
-    ``failed`` says why."""
+    """The step plans of one model's runtime, built on first use: the one-token plan, and the
+    MAX_BATCH_PLANS most recently used batched plans. ``forward_one`` and ``step_rows`` return
+    None where no plan can run the call (the caller then runs it op by op); ``failed`` says
+    why."""
 
     def __init__(self, runtime, explicit: bool):
         self.rt = runtime
         self.explicit = explicit  # cpu_plan=True: the layers must all have compiled steps
         self.failed: str | None = None
-        self._plans: dict = {}  # (B, inplace) -> StepPlan
+        self._plans: OrderedDict = OrderedDict()  # (B, inplace) -> StepPlan, or None (Unsupported)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the plans out (they hold the original's weights); they build
         their own on first use."""
-        return {**self.__dict__, "_plans": {}, "_lock": None}
+        return {**self.__dict__, "_plans": OrderedDict(), "_lock": None}
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
@@ -81,19 +90,23 @@ class StepPlans:
         """The StepPlan of B rows, built on first use; None where the model has none (``failed``
         says why)."""
         key = (B, inplace)
-        if key in self._plans:
-            return self._plans[key]
         with self._lock:
-            if key not in self._plans:
-                try:
-                    self._plans[key] = self.rt.program(B, inplace).build()
-                except Unsupported as e:
-                    self._plans[key] = None
-                    self.failed = str(e)
-                    if self.explicit:
-                        raise ValueError(f"RWKV: cpu_plan=True, but this model's decode step has no "
-                                         f"compiled steps: {e}") from None
-        return self._plans[key]
+            if key in self._plans:
+                self._plans.move_to_end(key)
+                return self._plans[key]
+            try:
+                plan = self.rt.program(B, inplace).build()
+            except Unsupported as e:
+                plan = None
+                self.failed = str(e)
+                if self.explicit:
+                    raise ValueError(f"RWKV: cpu_plan=True, but this model's decode step has no "
+                                     f"compiled steps: {e}") from None
+            self._plans[key] = plan
+            batched = [k for k, v in self._plans.items() if k[1] and v is not None]
+            for old in batched[:max(0, len(batched) - MAX_BATCH_PLANS)]:  # least recently used first
+                del self._plans[old]
+            return plan
 
     def forward_one(self, token: int, state: list):
         """token: a range-checked id; state: a validated state list (never written). Returns
