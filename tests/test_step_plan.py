@@ -260,6 +260,23 @@ def test_a_layer_without_compiled_steps_runs_op_by_op(paths, monkeypatch):
     assert len(got) == 2
 
 
+def test_a_program_that_cannot_be_built_leaves_the_op_by_op_path(paths, monkeypatch):
+    """Any failure while a program is built (not only a known gap) leaves that kind of call on the
+    op-by-op path, with a RuntimeWarning naming it, and the same results."""
+    from rwkv.models.v7 import TimeMixV7
+
+    def broken(self, p, *args):
+        raise TypeError("an argument of the wrong kind")
+
+    monkeypatch.setattr(TimeMixV7, "steps", broken)
+    m, plain, s = pair(paths["7"], "cpu fp32")
+    with pytest.warns(RuntimeWarning, match=r"step plan of 1 row\(s\) could not be built \(TypeError: an "
+                                             r"argument of the wrong kind\)"):
+        got = decode(m, [t.clone() for t in s], [5])
+    assert same(got, decode(plain, [t.clone() for t in s], [5]))
+    assert m._rt.plans.get(1, False) is None and "TypeError" in m._rt.plans.failed
+
+
 @pytest.mark.parametrize("v", VERSIONS)
 def test_isa_change_between_tokens_relays_the_products(paths, v):
     """Planned products laid out for one instruction set (bf16 weights read with bf16 dots where

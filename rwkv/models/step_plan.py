@@ -13,12 +13,14 @@ calls each op's CPU kernel directly. Plans are built on first use and kept:
 
 The plans run the same kernels on the same values as the op-by-op path (tests check them bit for
 bit). A model whose layers have no compiled steps (kernels="reference", a layer off the CPU, a
-product without a compiled kernel) runs op by op; ``cpu_plan=True`` then raises ``ValueError``.
+product without a compiled kernel) runs op by op, as does a call whose program fails to build for
+any other reason (with a RuntimeWarning); ``cpu_plan=True`` then raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -96,12 +98,15 @@ class StepPlans:
                 return self._plans[key]
             try:
                 plan = self.rt.program(B, inplace).build()
-            except Unsupported as e:
+            except Exception as e:  # the op-by-op path runs the call instead
                 plan = None
-                self.failed = str(e)
+                self.failed = str(e) if isinstance(e, Unsupported) else f"{type(e).__name__}: {e}"
                 if self.explicit:
                     raise ValueError(f"RWKV: cpu_plan=True, but this model's decode step has no "
-                                     f"compiled steps: {e}") from None
+                                     f"compiled steps: {self.failed}") from None
+                if not isinstance(e, Unsupported):  # not a known gap: say so once per plan
+                    warnings.warn(f"RWKV: the step plan of {B} row(s) could not be built ({self.failed}); "
+                                  "those calls run op by op", RuntimeWarning, stacklevel=4)
             self._plans[key] = plan
             batched = [k for k, v in self._plans.items() if k[1] and v is not None]
             for old in batched[:max(0, len(batched) - MAX_BATCH_PLANS)]:  # least recently used first
