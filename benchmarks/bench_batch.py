@@ -93,13 +93,13 @@ def gemm_rate(dtype: torch.dtype, C: int, device: str = "cpu") -> float:
 def step_matrices(model) -> list:
     """Every matrix one step multiplies, as the model stores it (row slabs and RWKV-6's maa_w2 as
     their parts), for fp32 and bf16 weights; [] for int8 weights (torch has no GEMM for them)."""
+    if any(t.dtype == torch.uint8 and t.dim() >= 2 for t in model.w.values()):
+        return []
     mats = []
     for k, t in model.w.items():
-        if k == "emb.weight" or t.dim() < 2 or t.dtype not in (torch.float32, torch.bfloat16):
-            continue
-        mats += list(t.unbind(0)) if t.dim() == 3 else [t]
-    int8 = any(t.dtype == torch.uint8 and t.dim() >= 2 for t in model.w.values())
-    return [] if int8 else mats
+        if k != "emb.weight" and t.dim() >= 2 and t.dtype in (torch.float32, torch.bfloat16):
+            mats += list(t.unbind(0)) if t.dim() == 3 else [t]
+    return mats
 
 
 def torch_products_time(mats: list, B: int, repeat: int = 3) -> float | None:
@@ -201,7 +201,8 @@ def bench(path: Path, size: str, version: str, strategy: str, batches: list, ste
                "x_torch": None if gemms is None else step / gemms}
         rows.append(row)
         emit(row)
-        vs_torch = "" if gemms is None else f"  torch's products {gemms * 1e3:7.1f} ms (step x{step / gemms:.2f})"
+        vs_torch = "" if gemms is None else \
+            f"  torch's products {gemms * 1e3:7.1f} ms (step x{step / gemms:.2f})"
         print(f"  {size} v{version} {strategy:<11} B={B:<3} step {step * 1e3:8.1f} ms  batch {B / step:8.1f} tok/s  "
               f"sequential {1 / single:7.1f} tok/s  x{single * B / step:5.2f}  floors bw {bw_floor * 1e3:7.1f} "
               f"compute {compute_floor * 1e3:7.1f} ms  step/floor {row['x_floor']:.2f}{vs_torch}", flush=True)
@@ -232,11 +233,13 @@ def main(argv=None) -> int:
     if worst:
         print(f"largest step/floor: {worst['x_floor']:.2f} ({worst['size']} v{worst['version']} "
               f"{worst['strategy']} B={worst['B']})")
-        print(f"rows within 1.5x of the larger floor: {sum(r['x_floor'] <= 1.5 for r in rows)} of {len(rows)}")
+        within = sum(r["x_floor"] <= 1.5 for r in rows)
+        print(f"rows within 1.5x of the larger floor: {within} of {len(rows)}")
     timed = [r for r in rows if r["torch_products_ms"] is not None]
     if timed:
         ok = sum(r["step_ms"] <= 1.5 * max(r["bw_floor_ms"], r["torch_products_ms"]) for r in timed)
-        print(f"rows within 1.5x of the larger of the bandwidth floor and torch's products: {ok} of {len(timed)}")
+        print(f"rows within 1.5x of the larger of the bandwidth floor and torch's products: {ok} of "
+              f"{len(timed)}")
     return 0
 
 

@@ -452,8 +452,8 @@ class Projection:
             y, done = p.to(p.call(self._rows, x, self.weight, dtype=torch.float32), x.dtype), False
         else:  # the slabs' products summed in fp32
             aten = torch.ops.aten
-            parts = [self._product_steps(p, p.call(aten.slice.Tensor, x, 1, r.start, r.stop, 1), 0, q, side, side)[0]
-                     for r, q, side in self.slabs]
+            parts = [self._product_steps(p, p.call(aten.slice.Tensor, x, 1, r.start, r.stop, 1), 0, q, side,
+                                         side)[0] for r, q, side in self.slabs]
             y, done = p.to(parts[0], torch.float32), False
             for part in parts[1:]:
                 y = p.call(aten.add_.Tensor, y, part)

@@ -113,10 +113,11 @@ class ChannelMix:
             kx, rx = mixed
             xs, gate = [rx, kx], 0
         value = self.value
-        if (self.one_op is not None and self.rk.fusable_steps(p, xs) and value.one_token_kernel_for(xs[-1].dtype)
-                and x.dtype == xs[-1].dtype):
+        if (self.one_op is not None and self.rk.fusable_steps(p, xs)
+                and value.one_token_kernel_for(xs[-1].dtype) and x.dtype == xs[-1].dtype):
             side = self.rk.side + (list(value.one_side) if value.int8 else [])
-            return p.call(self.one_op, xs, self.rk.weights + [value.weight], side, self.rk.acts, x, gate), shift
+            weights = self.rk.weights + [value.weight]
+            return p.call(self.one_op, xs, weights, side, self.rk.acts, x, gate), shift
         ys = self.rk.steps(p, xs)
         return value.add_to_steps(p, x, ys[-1], gate=ys[gate] if gate >= 0 else None), shift
 

@@ -114,7 +114,8 @@ class Program:
     def call(self, op, *args, n: int | None = None, dtype=None):
         """Appends the call ``op(*args)`` (arguments left out take the schema's defaults) and
         returns its result: one Val, or a list of n Vals for an op that returns Tensor[] or
-        several tensors. ``dtype``: the results' dtype (default: the first tensor argument's)."""
+        several tensors. ``dtype``: the results' dtype, or a list of one per result (default: the
+        first tensor argument's)."""
         self._inputs_closed = True
         name = op_name(op)
         schema = op._schema
@@ -135,7 +136,8 @@ class Program:
         count = n if listed else len(rets)
         if listed and n is None:
             raise TypeError(f"Program: {name} returns a list; say how many results (n=)")
-        outs = [self._new(dtype) for _ in range(count)]
+        dtypes = dtype if isinstance(dtype, list) else [dtype] * count
+        outs = [self._new(dt) for dt in dtypes]
         self.steps.append((self.names.index(name), len(params), code, [o.slot for o in outs]))
         return outs if (listed or count > 1) else outs[0]
 

@@ -136,7 +136,7 @@ class StepPlans:
         if plan is None:
             return None
         rt = self.rt
-        inputs = rt.flat_rows(state) if flat is None else list(flat)
+        inputs = rt.flat_rows(state) if flat is None else flat
         if rt.info.deep_embed:
             inputs = [tokens, *inputs]
         return plan.run(rt.emb.index_select(0, tokens), inputs)[0]

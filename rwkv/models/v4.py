@@ -60,9 +60,8 @@ class TimeMixV4:
         if B > 1:
             r, k, v = (p.view(t, 1, -1) for t in (r, k, v))
         decay, first = self.tiled(B) if B > 1 else (self.decay, self.first)
-        y, *new = p.call(block, decay, first, k, v, r, aa, bb, pp, n=4, dtype=r.dtype)
-        for n in new:
-            n.dtype = torch.float32
+        y, *new = p.call(block, decay, first, k, v, r, aa, bb, pp, n=4,
+                         dtype=[r.dtype] + [torch.float32] * 3)
         aa, bb, pp = (p.update(t, n) for t, n in zip((aa, bb, pp), new))
         y = y if B == 1 else p.view(y, B, -1)
         return self.output.add_to_steps(p, x, y), p.update(sx, shift), aa, bb, pp

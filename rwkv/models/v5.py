@@ -200,7 +200,8 @@ class TimeMixV6(TimeMixV5):
         block = need(self.block, "wkv6_block")
         if not p.inplace:  # reads S, writes the new state
             S_new = p.call(need(self.state_buffer, "pooled_empty_like"), S)
-            return p.call(block, S_new, r, k, v, w, g, self.block_params, GROUP_NORM_EPS, S, dtype=g.dtype), S_new
+            y = p.call(block, S_new, r, k, v, w, g, self.block_params, GROUP_NORM_EPS, S, dtype=g.dtype)
+            return y, S_new
         params = self.tiled(p.B) if p.B > 1 else self.block_params
         return p.call(block, S, r, k, v, w, g, params, GROUP_NORM_EPS, dtype=g.dtype), S
 
