@@ -1,7 +1,10 @@
 """Where a CPU decode token's time goes: each op of the one-token plan, timed inside the plan.
 
     python benchmarks/profile_cpu.py [--size 1.5b] [--versions 4,6,7] [--strategies "cpu fp32i8"]
-        [--tokens 40] [--threads 2] [--workdir DIR]
+        [--tokens 40] [--threads 2] [--workdir DIR] [--batch B]
+
+With --batch B, the step profiled is the batched engine's (a BatchDecoder step of B sequences,
+one token each, on the in-place plan of B rows) instead of one-token ``forward``.
 
 For each seeded random-weight checkpoint (bench_model's, written to --workdir when missing) and
 strategy, the model decodes a few warm-up tokens, then --tokens more with the plan's step
@@ -45,25 +48,49 @@ def op_rows(ops: list, ns: list, weight_bytes: list, runs: int) -> list:
     return list(rows.values())
 
 
-def profile(path: Path, strategy: str, tokens: int, bandwidth: AdjacentBandwidth) -> dict:
+def decoder(m, batch: int):
+    """A function that decodes one token of every sequence (``forward``'s one-token call for
+    batch 0, else a BatchDecoder step of ``batch`` sequences) and the (B, in place) key of the
+    plan it runs on, after a few warm-up tokens."""
+    if batch == 0:
+        _, state = m.forward([1, 2, 3, 4], None)
+        box = [state]
+
+        def one(t: int) -> None:
+            _, box[0] = m.forward([100 + t % 1000], box[0])
+        key = (1, False)
+    else:
+        from rwkv.engine import BatchDecoder
+
+        dec = BatchDecoder(m, batch)
+        handles = [dec.add() for _ in range(batch)]
+
+        def one(t: int) -> None:
+            dec.step({h: 100 + (t + i) % 1000 for i, h in enumerate(handles)})
+        key = (batch, True)
+    for t in range(4):  # the first call builds the plan, the next ones lay out products
+        one(10 + t)
+    return one, key
+
+
+def profile(path: Path, strategy: str, tokens: int, bandwidth: AdjacentBandwidth,
+            batch: int = 0) -> dict:
     from rwkv.model import RWKV
 
     m = RWKV(model=str(path), strategy=strategy, verbose=False)
-    _, state = m.forward([1, 2, 3, 4], None)
-    for t in range(4):  # the first one-token call builds the plan, the next ones lay out products
-        _, state = m.forward([10 + t], state)
+    one, key = decoder(m, batch)
     plans = m._rt.plans
-    plan = plans.get(1, False) if plans is not None else None
+    plan = plans.get(*key) if plans is not None else None
     if plan is None:
         why = plans.failed if plans is not None else (
             "the model has no step plans: RWKV_CPU_PLAN=0, a strategy with layers off the CPU, or no "
             "compiled kernels")
-        return {"error": f"no one-token plan to profile ({why})"}
+        return {"error": f"no step plan to profile ({why})"}
     bw_before = bandwidth.measure()
     plan.set_profiling(True)
     t0 = time.perf_counter()
     for t in range(tokens):
-        _, state = m.forward([100 + t % 1000], state)
+        one(t)
     wall_ms = (time.perf_counter() - t0) / tokens * 1e3
     plan.set_profiling(False)
     runs = plan.profiled_runs()
@@ -101,9 +128,14 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--batch", type=int, default=0,
+                   help="profile the batched engine's step of this many sequences (default: one-token "
+                        "forward)")
     a = p.parse_args(argv)
     if a.tokens < 1:
         p.error("--tokens must be at least 1")
+    if not 0 <= a.batch <= 64:
+        p.error("--batch must be 0 (one-token forward) or 1..64")
     torch.set_num_threads(a.threads)
     header("profile_cpu", size=a.size, tokens=a.tokens)
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="rwkv-profile-"))
@@ -111,10 +143,11 @@ def main(argv=None) -> int:
     for version in a.versions.split(","):
         path = bench_checkpoint(workdir, a.size, version)
         for strategy in (s.strip() for s in a.strategies.split(",")):
-            res = profile(path, strategy, a.tokens, bandwidth)
+            res = profile(path, strategy, a.tokens, bandwidth, a.batch)
             emit({"kind": "profile", "size": a.size, "version": version, "strategy": strategy,
-                  **res})
-            print_table(f"{a.size} RWKV-{version} `{strategy}`", res)
+                  "batch": a.batch, **res})
+            what = f", B = {a.batch}" if a.batch else ""
+            print_table(f"{a.size} RWKV-{version} `{strategy}`{what}", res)
     return 0
 
 

@@ -1,7 +1,7 @@
 """mm8_rows_i16 (the batched engine's int8 products): every row's bits equal mm8_one_i16's on that
-row alone, every CPU ISA and dtype, row counts around the kernel's groups of 4, rows the integer
-path cannot represent (zero, NaN) on mm8's fp32 path as mm8_one_i16 takes them; the reference
-agrees; opcheck; input errors."""
+row alone, every CPU ISA and dtype, row counts around the kernel's groups of rows and its blocks
+of columns, rows the integer path cannot represent (zero, NaN) on mm8's fp32 path as mm8_one_i16
+takes them; the reference agrees; opcheck; input errors."""
 
 import pytest
 import torch
@@ -14,7 +14,10 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T,N,M", [(1, 64, 5), (2, 130, 17), (4, 256, 33), (5, 77, 9), (9, 2100, 7), (13, 200, 40)])
+# The last three span several of the kernel's blocks of columns, with groups of 4, 2 and 1 rows
+# (their rows' activations 2, 8 and 18 KB long) and a last block cut short.
+@pytest.mark.parametrize("T,N,M", [(1, 64, 5), (2, 130, 17), (4, 256, 33), (5, 77, 9), (9, 2100, 7), (13, 200, 40),
+                                   (5, 1024, 300), (9, 4096, 70), (6, 9000, 40)])
 @pytest.mark.parametrize("act", [0, 2])
 def test_rows_equal_one_token_calls(cpu_isa, T, N, M, dtype, act, rng):
     fn = compiled_or_skip("mm8_rows_i16")

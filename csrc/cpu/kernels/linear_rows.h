@@ -17,6 +17,9 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
+// How far ahead on each column stream rows_block prefetches.
+constexpr int64_t kRowsAhead = 4096;
+
 // Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate).
 template <class V, int R, int C, class T>
 inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t ldx, const T* w,
@@ -35,9 +38,18 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
   int64_t n = 0;
   for (; n + W <= N; n += W) {
     Reg wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load_elems<V>(col[c] + n);
+    for (int c = 0; c < C; ++c) {
+      // A software prefetch kRowsAhead bytes ahead on each column: with several rows' multiply-adds
+      // per weight the hardware prefetcher alone falls behind the weights' stream from memory.
+      if ((n * static_cast<int64_t>(sizeof(T))) % 64 == 0)
+        __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kRowsAhead);
+      wv[c] = load_elems<V>(col[c] + n);
+    }
     for (int r = 0; r < R; ++r) {
-      const Reg xv = V::load(row[r] + n);
+      Reg xv = V::load(row[r] + n);
+      // Kept in a register: the compiler otherwise folds the load into each column's multiply-add
+      // as a memory operand, loading x once per column where one load serves them all.
+      if constexpr (C > 1) asm("" : "+v"(xv));
       for (int c = 0; c < C; ++c) acc[r][c] = V::fma(xv, wv[c], acc[r][c]);
     }
   }

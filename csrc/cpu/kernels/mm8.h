@@ -202,8 +202,10 @@ inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t*
 // in Dot16's layout, made by mm8_quantize_i16) dotted with the column, whose bytes are loaded
 // once per step for the R rows; the same exact integer dots and epilogue as mm8_i16_columns, so
 // each row's result is the bits mm8_one_i16 gives for that row alone. scale [T] (a row's 0:
-// left for the caller's fp32 path), sums [T, 3]; y row stride ldy.
-template <class V, int R>
+// left for the caller's fp32 path), sums [T, 3]; y row stride ldy. The column is prefetched
+// kAhead bytes ahead, one prefetch per 64-byte line: with several rows' dots per byte the
+// hardware prefetcher alone falls behind the weights' stream from memory.
+template <class V, int R, int64_t kAhead = 4096>
 inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, const int16_t* xq,
                                 const uint8_t* q, const float* scale, const float* sums,
                                 const float* rx, const float* mx, float* y, int64_t ldy) {
@@ -216,8 +218,11 @@ inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, 
   const int64_t full = N - N % kStep;
   for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
-    for (int64_t n = n0; n < n1; n += kStep)
+    for (int64_t n = n0; n < n1; n += kStep) {
+      if (kAhead > 0 && (kStep >= 64 || n % 64 == 0))
+        for (int64_t line = 0; line < kStep; line += 64) __builtin_prefetch(col + n + kAhead + line);
       for (int r = 0; r < R; ++r) d[r].add(row[r] + n, col + n);
+    }
     for (int r = 0; r < R; ++r) d[r].flush();
   }
   for (int r = 0; r < R; ++r) {
@@ -228,22 +233,46 @@ inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, 
   }
 }
 
-// mm8_one_i16 of T rows on output columns [m0, m1) of y [T, M]: each column read once, for its
-// groups of 4 rows (a Dot16 holds up to four registers: 4 rows fill 16 of them) one after
-// another from the cache.
+// Rows of mm8_i16_rows' groups (R = 1, 2, 3 or 4) on columns [m0, m1).
+template <class V>
+inline void mm8_i16_group(int R, int64_t N, int64_t n_pad, int64_t m0, int64_t m1, int64_t t,
+                          const int16_t* xq, const uint8_t* q, const float* scale,
+                          const float* sums, const float* rx, const float* mx, float* y,
+                          int64_t ldy) {
+  for (int64_t m = m0; m < m1; ++m) {
+    switch (R) {
+      case 4: mm8_i16_rows_column<V, 4>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, ldy); break;
+      case 3: mm8_i16_rows_column<V, 3>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, ldy); break;
+      case 2: mm8_i16_rows_column<V, 2>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, ldy); break;
+      default: mm8_i16_rows_column<V, 1>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, ldy); break;
+    }
+  }
+}
+
+// The bytes of a group's activations (R rows of 2*N bytes) that stay in the L1 cache while
+// the group reads a block's columns, and the bytes of a block of columns, which stay in L2 while
+// each group reads them in turn.
+constexpr int64_t kI16GroupBytes = 16384;
+constexpr int64_t kI16BlockBytes = 131072;
+
+// mm8_one_i16 of T rows on output columns [m0, m1) of y [T, M], in blocks of columns (about
+// kI16BlockBytes of q): each group of up to 4 rows (as many as fit kI16GroupBytes, a Dot16 holds
+// up to four registers: 4 rows fill 16 of them) dots every column of the block in turn, its
+// activations staying in L1; the block's columns are read from memory by the first group and
+// from L2 by the others. (One group over all columns instead reads every row's activations again
+// for each column: from L2 once T rows outgrow L1.)
 template <class V>
 void mm8_i16_rows(int64_t T, int64_t N, int64_t n_pad, int64_t M, int64_t m0, int64_t m1,
                   const int16_t* xq, const uint8_t* q, const float* scale, const float* sums,
                   const float* rx, const float* mx, float* y) {
-  for (int64_t m = m0; m < m1; ++m) {
+  const int64_t row_bytes = 2 * N;
+  const int R = 4 * row_bytes <= kI16GroupBytes ? 4 : 2 * row_bytes <= kI16GroupBytes ? 2 : 1;
+  const int64_t block = T > R && N > 0 ? (kI16BlockBytes + N - 1) / N : m1 - m0;
+  for (int64_t mb = m0; mb < m1; mb += block) {
+    const int64_t me = m1 - mb < block ? m1 : mb + block;
     int64_t t = 0;
-    for (; t + 4 <= T; t += 4) mm8_i16_rows_column<V, 4>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M);
-    switch (T - t) {
-      case 3: mm8_i16_rows_column<V, 3>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
-      case 2: mm8_i16_rows_column<V, 2>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
-      case 1: mm8_i16_rows_column<V, 1>(N, n_pad, m, t, xq, q, scale, sums, rx, mx, y, M); break;
-      default: break;
-    }
+    for (; t + R <= T; t += R) mm8_i16_group<V>(R, N, n_pad, mb, me, t, xq, q, scale, sums, rx, mx, y, M);
+    if (t < T) mm8_i16_group<V>(static_cast<int>(T - t), N, n_pad, mb, me, t, xq, q, scale, sums, rx, mx, y, M);
   }
 }
 
