@@ -1,11 +1,11 @@
 // Dense products of several rows (linear_rows): y[t, m] = x[t] . w[:, m] for rows t < T and output
 // columns [m0, m1), w column-major (column m = N contiguous elements at w + m*N; bf16 widened to
-// fp32 in registers, or fp32), x fp32 with row stride ldx, fp32 accumulation. Blocks of 2 columns
-// by up to 8 rows (4 with 256-bit registers, whose 16 registers hold fewer accumulators) share
-// every load: each weight is loaded once for all the rows of a group; more rows take further
-// groups, which read the block's columns from the cache. A step of the batched engine thus reads
-// each weight from memory once for all its rows. The two columns of a block, and the blocks of a
-// thread's range, lie one after another in memory: each thread reads one sequential stream.
+// fp32 in registers, or fp32), x fp32 with row stride ldx, fp32 accumulation. Blocks of 3 columns
+// by up to 8 rows (2 by 4 with 256-bit registers, whose 16 registers hold fewer accumulators)
+// share every load: each weight is loaded once for all the rows of a group; more rows take
+// further groups, which read the block's columns from the cache. A step of the batched engine
+// thus reads each weight from memory once for all its rows. The columns of a block, and the
+// blocks of a thread's range, lie one after another in memory.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +63,7 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
   }
 }
 
-// Rows per group: the accumulators of a group's R x C block stay in registers (8 x 2 of 32
+// Rows per group: the accumulators of a group's R x C block stay in registers (8 x 3 of 32
 // with 512-bit registers, 4 x 2 of 16 with narrower ones). A block of up to kRowGroup rows thus
 // loads each weight once for all of them, the multiply-adds of every row following each load.
 template <class V>
@@ -90,22 +90,32 @@ inline void rows_columns(int64_t T_, int64_t N, int64_t m, const float* x, int64
 }
 
 // Up to this many rows a block is one column: a thread then reads its weights as one sequential
-// stream, and a few rows' multiply-adds keep up with it; more rows take two columns a block,
-// which halves the loads of x per multiply-add.
-constexpr int64_t kOneColumnRows = 4;
+// stream; more rows take several columns a block (each load of x serves them all), whose streams
+// lie one after another in memory.
+constexpr int64_t kOneColumnRows = 2;
+
+// Columns per block for more rows: 3 with 32 registers (8 x 3 accumulators), 2 with 16.
+template <class V>
+constexpr int kRowColumns = V::width >= 16 ? 3 : 2;
 
 // linear_rows on output columns [m0, m1) of y [T, M] (row stride M).
 template <class V, class T>
 void linear_rows(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
                  int64_t ldx, const T* w, float* y, bool accumulate) {
+  constexpr int C = kRowColumns<V>;
   int64_t m = m0;
-  if (T_ > kOneColumnRows)
-    for (; m + 2 <= m1; m += 2) rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
+  if (T_ > kOneColumnRows) {
+    for (; m + C <= m1; m += C) rows_columns<V, C>(T_, N, m, x, ldx, w, y, M, accumulate);
+    if (C > 2 && m + 2 <= m1) {
+      rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
+      m += 2;
+    }
+  }
   for (; m < m1; ++m) rows_columns<V, 1>(T_, N, m, x, ldx, w, y, M, accumulate);
 }
 
 // linear_rows with bf16 rows of x (row stride ldx elements) and bf16 weights, for Vec policies
-// with bf16 dot products (V::bf16_rows_block): groups of 8 rows by 2 columns, as linear_rows.
+// with bf16 dot products (V::bf16_rows_block): groups of 8 rows by 3 columns, as linear_rows.
 template <class V>
 void linear_rows_bf16x(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const uint16_t* x,
                        int64_t ldx, const uint16_t* w, float* y, bool accumulate) {
@@ -125,8 +135,13 @@ void linear_rows_bf16x(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1,
     }
   };
   int64_t m = m0;
-  if (T_ > kOneColumnRows)
-    for (; m + 2 <= m1; m += 2) columns(std::integral_constant<int, 2>{}, m);
+  if (T_ > kOneColumnRows) {
+    for (; m + 3 <= m1; m += 3) columns(std::integral_constant<int, 3>{}, m);
+    if (m + 2 <= m1) {
+      columns(std::integral_constant<int, 2>{}, m);
+      m += 2;
+    }
+  }
   for (; m < m1; ++m) columns(std::integral_constant<int, 1>{}, m);
 }
 
