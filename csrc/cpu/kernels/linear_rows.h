@@ -11,14 +11,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/kernels/streams.h"
 #include "cpu/kernels/vec_scalar.h"
 
 namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
-
-// How far ahead on each column stream rows_block prefetches.
-constexpr int64_t kRowsAhead = 4096;
 
 // Rows [t, t + R) by columns [m, m + C): y[(t + r)*ldy + m + c] (=, or += with accumulate).
 template <class V, int R, int C, class T>
@@ -39,9 +37,7 @@ inline void rows_block(int64_t N, int64_t t, int64_t m, const float* x, int64_t 
   for (; n + W <= N; n += W) {
     Reg wv[C];
     for (int c = 0; c < C; ++c) {
-      // A software prefetch kRowsAhead bytes ahead on each column: with several rows' multiply-adds
-      // per weight the hardware prefetcher alone falls behind the weights' stream from memory.
-      if ((n * static_cast<int64_t>(sizeof(T))) % 64 == 0)
+      if ((n * static_cast<int64_t>(sizeof(T))) % 64 == 0)  // one prefetch a line (streams.h)
         __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kRowsAhead);
       wv[c] = load_elems<V>(col[c] + n);
     }
@@ -98,20 +94,31 @@ constexpr int64_t kOneColumnRows = 2;
 template <class V>
 constexpr int kRowColumns = V::width >= 16 ? 3 : 2;
 
+// Columns [m0, m1) in blocks for T_ rows: single columns up to kOneColumnRows rows, else blocks
+// of C columns, then one of 2 and single columns for the rest. block(c, m) computes columns
+// [m, m + c), c a std::integral_constant.
+template <int C, class Block>
+inline void column_blocks(int64_t T_, int64_t m0, int64_t m1, const Block& block) {
+  int64_t m = m0;
+  if (T_ > kOneColumnRows) {
+    for (; m + C <= m1; m += C) block(std::integral_constant<int, C>{}, m);
+    if constexpr (C > 2) {
+      if (m + 2 <= m1) {
+        block(std::integral_constant<int, 2>{}, m);
+        m += 2;
+      }
+    }
+  }
+  for (; m < m1; ++m) block(std::integral_constant<int, 1>{}, m);
+}
+
 // linear_rows on output columns [m0, m1) of y [T, M] (row stride M).
 template <class V, class T>
 void linear_rows(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1, const float* x,
                  int64_t ldx, const T* w, float* y, bool accumulate) {
-  constexpr int C = kRowColumns<V>;
-  int64_t m = m0;
-  if (T_ > kOneColumnRows) {
-    for (; m + C <= m1; m += C) rows_columns<V, C>(T_, N, m, x, ldx, w, y, M, accumulate);
-    if (C > 2 && m + 2 <= m1) {
-      rows_columns<V, 2>(T_, N, m, x, ldx, w, y, M, accumulate);
-      m += 2;
-    }
-  }
-  for (; m < m1; ++m) rows_columns<V, 1>(T_, N, m, x, ldx, w, y, M, accumulate);
+  column_blocks<kRowColumns<V>>(T_, m0, m1, [&](auto cols, int64_t m) {
+    rows_columns<V, decltype(cols)::value>(T_, N, m, x, ldx, w, y, M, accumulate);
+  });
 }
 
 // linear_rows with bf16 rows of x (row stride ldx elements) and bf16 weights, for Vec policies
@@ -134,15 +141,7 @@ void linear_rows_bf16x(int64_t T_, int64_t N, int64_t M, int64_t m0, int64_t m1,
       default: break;
     }
   };
-  int64_t m = m0;
-  if (T_ > kOneColumnRows) {
-    for (; m + 3 <= m1; m += 3) columns(std::integral_constant<int, 3>{}, m);
-    if (m + 2 <= m1) {
-      columns(std::integral_constant<int, 2>{}, m);
-      m += 2;
-    }
-  }
-  for (; m < m1; ++m) columns(std::integral_constant<int, 1>{}, m);
+  column_blocks<3>(T_, m0, m1, columns);
 }
 
 // Whether the Vec policy V has bf16 dot products for rows (V::bf16_rows_block).

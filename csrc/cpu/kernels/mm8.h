@@ -203,9 +203,8 @@ inline void mm8_i16_columns(int64_t N, int64_t m, int64_t stride, const int16_t*
 // once per step for the R rows; the same exact integer dots and epilogue as mm8_i16_columns, so
 // each row's result is the bits mm8_one_i16 gives for that row alone. scale [T] (a row's 0:
 // left for the caller's fp32 path), sums [T, 3]; y row stride ldy. The column is prefetched
-// kAhead bytes ahead, one prefetch per 64-byte line: with several rows' dots per byte the
-// hardware prefetcher alone falls behind the weights' stream from memory.
-template <class V, int R, int64_t kAhead = 4096>
+// kRowsAhead bytes ahead (streams.h).
+template <class V, int R>
 inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, const int16_t* xq,
                                 const uint8_t* q, const float* scale, const float* sums,
                                 const float* rx, const float* mx, float* y, int64_t ldy) {
@@ -219,8 +218,8 @@ inline void mm8_i16_rows_column(int64_t N, int64_t n_pad, int64_t m, int64_t t, 
   for (int64_t n0 = 0; n0 < full; n0 += kFlush) {
     const int64_t n1 = full - n0 < kFlush ? full : n0 + kFlush;
     for (int64_t n = n0; n < n1; n += kStep) {
-      if (kAhead > 0 && (kStep >= 64 || n % 64 == 0))
-        for (int64_t line = 0; line < kStep; line += 64) __builtin_prefetch(col + n + kAhead + line);
+      if (kStep >= 64 || n % 64 == 0)
+        for (int64_t line = 0; line < kStep; line += 64) __builtin_prefetch(col + n + kRowsAhead + line);
       for (int r = 0; r < R; ++r) d[r].add(row[r] + n, col + n);
     }
     for (int r = 0; r < R; ++r) d[r].flush();

@@ -15,6 +15,11 @@ namespace rwkv {
 namespace cpu {
 namespace RWKV_ISA {
 
+// How far ahead the products of several rows (linear_rows.h, mm8.h's mm8_i16_rows) prefetch
+// each column they read, one prefetch per 64-byte line: with several rows' multiply-adds per
+// weight the hardware prefetcher alone falls behind the weights' stream from memory.
+constexpr int64_t kRowsAhead = 4096;
+
 // Columns [m0, m1) in the loops' read order: sequential, col(m) for each column in turn (one
 // stream per thread); otherwise as B streams, cols(m, L) for m = m0 .. m0 + L - 1 computing the B
 // columns m, m + L, ..., m + (B-1)*L (L = (m1 - m0) / B), then col(m) for each column left.

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "cpu/kernels/streams.h"
 #include "cpu/kernels/vec_avx512vnni.h"
 
 namespace rwkv {
@@ -85,13 +86,11 @@ struct VecAvx512Bf16 : VecAvx512Vnni {
       row[r] = x + (t + r) * ldx;
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     }
-    // A software prefetch this far ahead on each column, as linear_rows.h's rows_block does.
-    constexpr int64_t kAhead = 4096;
     int64_t n = 0;
     for (; n + 32 <= N; n += 32) {
       __m512bh wv[C];
       for (int c = 0; c < C; ++c) {
-        __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kAhead);
+        __builtin_prefetch(reinterpret_cast<const char*>(col[c] + n) + kRowsAhead);  // streams.h
         wv[c] = (__m512bh)_mm512_loadu_si512(col[c] + n);
       }
       for (int r = 0; r < R; ++r) {
